@@ -1,0 +1,153 @@
+"""Train a small MLP on scikit-learn's bundled 8x8 handwritten digits, with NumPy only.
+
+Usage (from the repository root)::
+
+    python3 examples/mnist/main.py --epochs 1 --lr 0.01 --batch-size 64
+
+The model is 64 -> hidden (ReLU) -> 10 (softmax cross-entropy), trained by mini-batch SGD on
+80% of the 1797 images and evaluated on the other 20%. Each epoch prints one line::
+
+    epoch N/M loss=... train_acc=... test_acc=...
+
+Exit codes: 0 on success, 2 for bad arguments, 1 when training diverges (non-finite loss) or
+the data cannot be loaded. Runs on the CPU; it only reports the GPUs it was given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    def positive_int(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+        return value
+
+    def positive_float(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not np.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+        return value
+
+    parser = argparse.ArgumentParser(description="NumPy MLP on the scikit-learn digits set.")
+    parser.add_argument("--epochs", type=positive_int, default=10, help="passes over the training set")
+    parser.add_argument("--lr", type=positive_float, default=0.1, help="SGD learning rate")
+    parser.add_argument("--batch-size", type=positive_int, default=64, help="examples per SGD step")
+    parser.add_argument("--hidden", type=positive_int, default=128, help="hidden units")
+    parser.add_argument("--seed", type=int, default=0, help="seed for the split, init and shuffling")
+    parser.add_argument("--test-fraction", type=float, default=0.2, help="held-out share (0..1)")
+    args = parser.parse_args(argv)
+    if not 0 < args.test_fraction < 1:
+        parser.error(f"argument --test-fraction: must be between 0 and 1, got {args.test_fraction}")
+    return args
+
+
+def load_data(seed: int, test_fraction: float) -> tuple[np.ndarray, ...]:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float64)  # pixels are 0..16
+    y = digits.target.astype(np.int64)
+    order = np.random.default_rng(seed).permutation(len(x))
+    n_test = int(round(len(x) * test_fraction))
+    test, train = order[:n_test], order[n_test:]
+    return x[train], y[train], x[test], y[test]
+
+
+class MLP:
+    """64 -> hidden (ReLU) -> 10 with He initialisation."""
+
+    def __init__(self, n_in: int, n_hidden: int, n_out: int, rng: np.random.Generator) -> None:
+        self.w1 = rng.normal(0.0, np.sqrt(2.0 / n_in), (n_in, n_hidden))
+        self.b1 = np.zeros(n_hidden)
+        self.w2 = rng.normal(0.0, np.sqrt(2.0 / n_hidden), (n_hidden, n_out))
+        self.b2 = np.zeros(n_out)
+
+    def forward(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        h = np.maximum(x @ self.w1 + self.b1, 0.0)
+        return h, h @ self.w2 + self.b2
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return self.forward(x)[1].argmax(axis=1)
+
+    def sgd_step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
+        """One step of softmax cross-entropy SGD; returns the batch's mean loss."""
+        h, logits = self.forward(x)
+        shifted = logits - logits.max(axis=1, keepdims=True)
+        log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        n = len(x)
+        loss = float(-log_probs[np.arange(n), y].mean())
+        grad = np.exp(log_probs)
+        grad[np.arange(n), y] -= 1.0
+        grad /= n
+        grad_w2 = h.T @ grad
+        grad_h = (grad @ self.w2.T) * (h > 0)
+        self.w2 -= lr * grad_w2
+        self.b2 -= lr * grad.sum(axis=0)
+        self.w1 -= lr * (x.T @ grad_h)
+        self.b1 -= lr * grad_h.sum(axis=0)
+        return loss
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = "not set" if visible is None else (visible or "none")
+    print(f"CUDA_VISIBLE_DEVICES: {gpus}; this example trains on the CPU with NumPy", flush=True)
+
+    try:
+        x_train, y_train, x_test, y_test = load_data(args.seed, args.test_fraction)
+    except Exception as exc:  # noqa: BLE001 - report any loading failure plainly
+        print(f"error: cannot load the digits data set: {exc}", file=sys.stderr, flush=True)
+        return 1
+    print(
+        f"data: {len(x_train)} train / {len(x_test)} test images, "
+        f"model 64-{args.hidden}-10, lr={args.lr} batch_size={args.batch_size}",
+        flush=True,
+    )
+
+    rng = np.random.default_rng(args.seed)
+    model = MLP(x_train.shape[1], args.hidden, 10, rng)
+    test_acc = 0.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        for epoch in range(1, args.epochs + 1):
+            order = rng.permutation(len(x_train))
+            total, seen = 0.0, 0
+            for start in range(0, len(order), args.batch_size):
+                batch = order[start : start + args.batch_size]
+                loss = model.sgd_step(x_train[batch], y_train[batch], args.lr)
+                if not np.isfinite(loss):
+                    print(
+                        f"error: loss became {loss} in epoch {epoch}; training diverged "
+                        f"(try a smaller --lr than {args.lr})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    return 1
+                total += loss * len(batch)
+                seen += len(batch)
+            train_acc = float((model.predict(x_train) == y_train).mean())
+            test_acc = float((model.predict(x_test) == y_test).mean())
+            print(
+                f"epoch {epoch}/{args.epochs} loss={total / seen:.4f} "
+                f"train_acc={train_acc:.4f} test_acc={test_acc:.4f}",
+                flush=True,
+            )
+    print(f"final test_acc={test_acc:.4f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

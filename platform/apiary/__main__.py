@@ -1,0 +1,3 @@
+from apiary.cli.main import app
+
+app()

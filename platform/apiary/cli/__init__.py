@@ -1,0 +1,1 @@
+"""The ``apiary`` command line (typer)."""

@@ -1,0 +1,310 @@
+"""``apiary``: run the embedded platform and work with jobs and nodes.
+
+The platform is found through ``APIARY_API_URL`` or the URL ``apiary up`` recorded in
+``APIARY_HOME`` (default ``~/.apiary``). Errors print the server's message and exit 1
+(2 for usage errors, as typer does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from apiary.errors import ApiaryError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Apiary: multi-tenant GPU cluster platform.")
+job_app = typer.Typer(no_args_is_help=True, help="Submit and watch jobs (OpenPAI job protocol v2).")
+node_app = typer.Typer(no_args_is_help=True, help="Nodes and their agents.")
+cluster_app = typer.Typer(no_args_is_help=True, help="Cluster and virtual-cluster status.")
+demo_app = typer.Typer(no_args_is_help=True, help="Demonstrations on a fresh embedded platform.")
+app.add_typer(job_app, name="job")
+app.add_typer(node_app, name="node")
+app.add_typer(cluster_app, name="cluster")
+app.add_typer(demo_app, name="demo")
+console = Console()
+err = Console(stderr=True)
+
+
+def _settings():
+    from apiary.settings import Settings
+
+    return Settings()
+
+
+def _client():
+    from apiary.client import ApiaryClient
+
+    url = _settings().resolved_api_url()
+    if not url:
+        err.print("No Apiary platform found: run `apiary up` or set APIARY_API_URL.")
+        raise typer.Exit(1)
+    return ApiaryClient(url)
+
+
+def _logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+
+
+def _fail(e: ApiaryError) -> None:
+    err.print(f"[red]error[/red] ({e.status_code}): {e.message}")
+    raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------------- platform
+@app.command()
+def up(
+    cluster: Path | None = typer.Option(None, "--cluster", help="HiveD cluster config (bare or OpenPAI-wrapped)."),
+    port: int = typer.Option(8470, help="Control-plane API port on 127.0.0.1."),
+    prefect: bool = typer.Option(True, "--prefect/--no-prefect", help="Start a Prefect server, UI and bridge."),
+) -> None:
+    """Start the embedded platform and keep it up until Ctrl-C."""
+    from apiary.embedded import Embedded
+
+    _logging()
+    settings = _settings()
+    if cluster is None and not settings.cluster_path.exists():
+        cluster = Path(__file__).resolve().parents[3] / "examples/lab6/hived-config-two-vcs.yaml"
+    platform = Embedded(home=settings.home_dir, cluster=cluster, api_port=port, prefect=prefect)
+    stopping = {"flag": False}
+
+    def _term(*_):
+        stopping["flag"] = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
+    try:
+        platform.start()
+        console.print(f"Apiary API:  {platform.api_url}   (docs: {platform.api_url}/docs)")
+        if platform.ui_url:
+            console.print(f"Prefect UI:  {platform.ui_url}   (jobs are flow runs of flow 'apiary-job')")
+        console.print(f"State:       {settings.home_dir}   Ctrl-C stops.")
+        platform.supervise()
+    except ApiaryError as e:
+        platform.stop()
+        _fail(e)
+    except KeyboardInterrupt:
+        console.print("stopping...")
+    finally:
+        platform.stop()
+
+
+@app.command("control-plane", hidden=True)
+def control_plane(port: int = typer.Option(8470), host: str = typer.Option("127.0.0.1")) -> None:
+    """Run the control-plane process (started by `apiary up`)."""
+    from apiary.control.server import serve
+
+    _logging()
+    serve(_settings(), host=host, port=port)
+
+
+@app.command(hidden=True)
+def agent(
+    api: str = typer.Option(..., help="Control-plane URL."),
+    node: list[str] = typer.Option([], help="Node(s) this process is the agent of."),
+    all_nodes: bool = typer.Option(False, "--all-nodes", help="Be the agent of every node in the cluster config."),
+    simulated_gpus: bool = typer.Option(False, "--simulated-gpus", help="Advertise the config's GPUs (no driver)."),
+    state_dir: Path = typer.Option(Path("~/.apiary/agents")),
+    workdir: str | None = typer.Option(None, help="Working directory of tasks (process backend)."),
+) -> None:
+    """Run node agents (started by `apiary up`). SIGTERM stops them and their tasks."""
+    import httpx
+
+    from apiary.runtime.agent import run_agents
+
+    _logging()
+    inventory = {}
+    for _ in range(100):
+        try:
+            inventory = {n["name"]: n["gpus"] for n in httpx.get(f"{api}/api/v2/nodes", timeout=5).json()}
+            break
+        except httpx.HTTPError:
+            import time
+
+            time.sleep(0.2)
+    nodes = inventory if all_nodes else {n: inventory[n] for n in node}
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run_agents(
+            api, nodes, state_dir.expanduser(), simulated_gpus=simulated_gpus, workdir=workdir, stop=stop,
+            kill_tasks_on_exit=True,
+        )
+
+    asyncio.run(main())
+
+
+@app.command("prefect-bridge", hidden=True)
+def prefect_bridge(
+    api: str = typer.Option(...), prefect_api: str = typer.Option(...), state: Path = typer.Option(...)
+) -> None:
+    """Mirror Apiary's jobs into Prefect flow runs (started by `apiary up`)."""
+    from apiary.tracking.bridge import run_bridge
+
+    _logging()
+    asyncio.run(run_bridge(api, prefect_api, state))
+
+
+# ---------------------------------------------------------------------- jobs
+@job_app.command("submit")
+def job_submit(
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, help="OpenPAI job protocol v2 YAML."),
+    user: str | None = typer.Option(None, "--user", help="Submit as this user (default APIARY_USER or login)."),
+) -> None:
+    """Submit a job; prints its id ``user~name``."""
+    who = user or _settings().user or getpass.getuser()
+    try:
+        job = _client().submit(file.read_text(), who)
+    except ApiaryError as e:
+        _fail(e)
+    console.print(job["id"], highlight=False)
+
+
+@job_app.command("get")
+def job_get(job_id: str, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Show one job."""
+    try:
+        job = _client().get(job_id)
+    except ApiaryError as e:
+        _fail(e)
+    if as_json:
+        print(json.dumps(job, indent=2))
+        return
+    console.print(f"[bold]{job['id']}[/bold]  {job['state']}  vc={job['virtualCluster']} "
+                  f"priority={job['priorityClass']} retries={job['retryDetails']}")
+    if job["waitingReason"]:
+        console.print(f"waiting: {job['waitingReason']}")
+    _task_table(job)
+
+
+def _task_table(job: dict) -> None:
+    t = Table("taskRole", "index", "state", "node", "gpus", "exitCode")
+    for task in job["tasks"]:
+        t.add_row(task["taskRole"], str(task["index"]), task["state"], task["node"] or "-",
+                  ",".join(map(str, task["gpus"])) or "-", str(task["exitCode"] if task["exitCode"] is not None else "-"))
+    console.print(t)
+
+
+@job_app.command("list")
+def job_list(
+    as_json: bool = typer.Option(False, "--json"),
+    user: str | None = typer.Option(None, "--user"),
+    vc: str | None = typer.Option(None, "--vc"),
+    state: str | None = typer.Option(None, "--state"),
+) -> None:
+    """List jobs."""
+    try:
+        jobs = _client().list(username=user, virtualCluster=vc, state=state)
+    except ApiaryError as e:
+        _fail(e)
+    if as_json:
+        print(json.dumps(jobs, indent=2))
+        return
+    t = Table("id", "state", "vc", "priority", "retries", "waiting reason")
+    for j in jobs:
+        t.add_row(j["id"], j["state"], j["virtualCluster"], j["priorityClass"], str(j["retries"]),
+                  j["waitingReason"] or "")
+    console.print(t)
+
+
+@job_app.command("logs")
+def job_logs(
+    job_id: str,
+    task: str | None = typer.Option(None, "--task", help="ROLE/INDEX, default the first role's instance 0."),
+    stream: str = typer.Option("stdout", "--stream", help="stdout, stderr or all."),
+    attempt: int | None = typer.Option(None, "--attempt"),
+) -> None:
+    """Print a task instance's log."""
+    role, index = None, 0
+    if task:
+        role, _, idx = task.partition("/")
+        index = int(idx or 0)
+    try:
+        sys.stdout.write(_client().logs(job_id, role, index, stream, attempt))
+    except ApiaryError as e:
+        _fail(e)
+
+
+@job_app.command("stop")
+def job_stop(job_id: str) -> None:
+    """Stop a job (OpenPAI executionType STOP)."""
+    try:
+        job = _client().stop(job_id)
+    except ApiaryError as e:
+        _fail(e)
+    console.print(f"{job['id']} {job['state']} (stop requested)")
+
+
+@job_app.command("wait")
+def job_wait(job_id: str, timeout: float | None = typer.Option(None, "--timeout", help="Seconds.")) -> None:
+    """Wait for a job to finish; exit 0 only if it SUCCEEDED."""
+    try:
+        job = _client().wait(job_id, timeout=timeout)
+    except TimeoutError as e:
+        err.print(str(e))
+        raise typer.Exit(2) from e
+    except ApiaryError as e:
+        _fail(e)
+    console.print(f"{job['id']} {job['state']} exitCode={job['exitCode']}")
+    raise typer.Exit(0 if job["state"] == "SUCCEEDED" else 1)
+
+
+# ---------------------------------------------------------------------- nodes / cluster
+@node_app.command("list")
+def node_list(as_json: bool = typer.Option(False, "--json")) -> None:
+    """List nodes; simulated GPUs are marked."""
+    try:
+        nodes = _client().nodes()
+    except ApiaryError as e:
+        _fail(e)
+    if as_json:
+        print(json.dumps(nodes, indent=2))
+        return
+    t = Table("name", "gpus", "used", "simulated", "healthy", "cordoned", "sku")
+    for n in nodes:
+        sim = "yes (simulated GPUs)" if n["simulatedGpus"] else ("no" if n["simulatedGpus"] is False else "-")
+        t.add_row(n["name"], str(n["gpus"]), str(n["gpusUsed"]), sim, str(n["healthy"]), str(n["cordoned"]),
+                  n["skuType"])
+    console.print(t)
+
+
+@cluster_app.command("status")
+def cluster_status(as_json: bool = typer.Option(True, "--json/--table")) -> None:
+    """Scheduler view of the cluster: virtual clusters, nodes, reservations."""
+    try:
+        print(json.dumps(_client().cluster_status(), indent=2))
+    except ApiaryError as e:
+        _fail(e)
+
+
+# ---------------------------------------------------------------------- demo
+@demo_app.command("lab6")
+def demo_lab6(
+    prefect: bool = typer.Option(True, "--prefect/--no-prefect", help="Also run Prefect and mirror the jobs."),
+    sleep_s: int = typer.Option(4, "--sleep", help="Seconds that replace the jobs' `sleep 5m` (documented override)."),
+    keep: bool = typer.Option(False, "--keep", help="Keep the demo's state directory."),
+) -> None:
+    """Run the AI-System Lab 6 scenarios on a fresh embedded platform; exit 0 only if all pass."""
+    from apiary.demo.lab6 import run_demo
+
+    logging.basicConfig(level=logging.WARNING)
+    ok = run_demo(console, prefect=prefect, sleep_s=sleep_s, keep=keep)
+    raise typer.Exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    app()

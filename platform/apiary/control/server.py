@@ -1,0 +1,42 @@
+"""The control-plane process: store + migrations + scheduler + scheduling loop + REST API."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import uvicorn
+
+from apiary.api import create_app
+from apiary.control.loop import SchedulingLoop
+from apiary.control.plane import ControlPlane
+from apiary.settings import Settings
+from apiary.spec.cluster import load_cluster_config
+from apiary.store import make_engine, migrate, session_factory
+
+logger = logging.getLogger(__name__)
+
+
+def build_plane(settings: Settings) -> ControlPlane:
+    """Open (and migrate) the store, load ``home/cluster.yaml``, rebuild state. Raises
+    ValidationError for a bad cluster config."""
+    engine = make_engine(settings.db_url)
+    migrate(engine)
+    cluster = load_cluster_config(settings.cluster_path)
+    return ControlPlane(
+        session_factory(engine), cluster, settings.logs_dir, node_lost_after_s=settings.node_lost_after_s
+    )
+
+
+def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8470) -> None:
+    """Run until SIGINT/SIGTERM. Writes ``home/run/control-plane.pid``."""
+    plane = build_plane(settings)
+    loop = SchedulingLoop(plane, tick_s=settings.tick_s)
+    loop.start()
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    (settings.run_dir / "control-plane.pid").write_text(str(os.getpid()))
+    logger.info("control plane listening on http://%s:%d", host, port)
+    try:
+        uvicorn.run(create_app(plane), host=host, port=port, log_level="warning", access_log=False)
+    finally:
+        loop.stop()

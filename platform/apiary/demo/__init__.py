@@ -1,0 +1,1 @@
+"""Demonstrations (``apiary demo ...``)."""

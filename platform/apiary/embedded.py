@@ -1,0 +1,238 @@
+"""The embedded platform behind ``apiary up``: one machine, no external services.
+
+A supervisor process starts and watches these children, restarting any that dies (as systemd
+would), so a ``kill -9`` of any of them is survived:
+
+- ``control-plane``: store (SQLite in ``home``), scheduler, scheduling loop, REST API;
+- ``agent``: the node agents of every node in the cluster config, in one process, with
+  simulated GPUs (the cluster config's GPU count) when the machine has none;
+- ``prefect-server`` with its UI, ``prefect-bridge`` (mirrors every job into a flow run) and
+  ``prefect-serve`` (serves the job-submission and scheduling-loop deployments).
+
+Prefect is off the launch path: jobs are accepted, scheduled and run with the three Prefect
+children dead; the bridge catches the UI up when they return.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from apiary.errors import PlatformError, UnavailableError
+from apiary.spec.cluster import load_cluster_config
+from apiary.tracking.prefect_server import PrefectServer, free_port, prefect_env, start_prefect_server
+
+logger = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FLOWS_DIR = REPO_ROOT / "flows"
+
+
+@dataclass
+class Child:
+    """A supervised subprocess; output goes to ``log_path``."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    cwd: str | None = None
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        self.started_at = time.monotonic()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@dataclass
+class Embedded:
+    """Start with :meth:`start`, keep alive with :meth:`supervise` (blocks) or the background
+    :meth:`start_supervisor`, end with :meth:`stop`. ``prefect=False`` runs without Prefect;
+    ``prefect_api_url`` reuses an existing Prefect server instead of starting one."""
+
+    home: Path
+    cluster: Path | None = None
+    api_port: int | None = None
+    prefect: bool = True
+    prefect_api_url: str | None = None
+    workdir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    children: dict[str, Child] = field(default_factory=dict)
+    prefect_server: PrefectServer | None = None
+
+    def __post_init__(self) -> None:
+        self.home = Path(self.home).expanduser().resolve()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def ui_url(self) -> str | None:
+        if self.prefect_server:
+            return self.prefect_server.ui_url
+        return self.prefect_api_url[: -len("/api")] if self.prefect_api_url else None
+
+    def _base_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+        env.update({"APIARY_HOME": str(self.home), "PYTHONUNBUFFERED": "1"})
+        env.update(self.env)
+        return env
+
+    def _cli(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "apiary", *args]
+
+    def start(self) -> None:
+        """Start every child and wait until the API answers. Raises ValidationError for a bad
+        cluster config and PlatformError/UnavailableError if a child cannot start."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        run = self.home / "run"
+        run.mkdir(exist_ok=True)
+        target = self.home / "cluster.yaml"
+        if self.cluster is not None:
+            load_cluster_config(Path(self.cluster))  # fail here, with the field named, not in a child
+            if not target.exists() or Path(self.cluster).resolve() != target:
+                shutil.copyfile(self.cluster, target)
+        if not target.exists():
+            raise PlatformError(f"no cluster config: pass --cluster (nothing at {target})")
+        self.api_port = self.api_port or free_port()
+        logs = self.home / "logs"
+        base = self._base_env()
+        self.children["control-plane"] = Child(
+            "control-plane", self._cli("control-plane", "--port", str(self.api_port)), base,
+            logs / "control-plane.log",
+        )
+        self.children["control-plane"].start()
+        self.wait_api()
+        (run / "api_url").write_text(self.api_url)
+        self.children["agent"] = Child(
+            "agent",
+            self._cli("agent", "--api", self.api_url, "--all-nodes", "--simulated-gpus",
+                      "--state-dir", str(self.home / "agents"), "--workdir", self.workdir or os.getcwd()),
+            base, logs / "agent.log",
+        )
+        self.children["agent"].start()
+        if self.prefect:
+            self._start_prefect(base, logs)
+        (run / "urls.json").write_text(json.dumps({"api": self.api_url, "ui": self.ui_url}))
+        (run / "supervisor.pid").write_text(str(os.getpid()))
+
+    def _start_prefect(self, base: dict[str, str], logs: Path) -> None:
+        if self.prefect_api_url is None:
+            self.prefect_server = start_prefect_server(self.home / "prefect")
+            api = self.prefect_server.api_url
+        else:
+            api = self.prefect_api_url
+        penv = {**base, **prefect_env(self.home / "prefect", api), "APIARY_API_URL": self.api_url}
+        self.children["prefect-bridge"] = Child(
+            "prefect-bridge",
+            self._cli("prefect-bridge", "--api", self.api_url, "--prefect-api", api,
+                      "--state", str(self.home / "prefect-bridge.json")),
+            penv, logs / "prefect-bridge.log",
+        )
+        self.children["prefect-serve"] = Child(
+            "prefect-serve", [sys.executable, str(FLOWS_DIR / "serve.py")], penv, logs / "prefect-serve.log",
+            cwd=str(REPO_ROOT),
+        )
+        for name in ("prefect-bridge", "prefect-serve"):
+            self.children[name].start()
+
+    def wait_api(self, timeout_s: float = 60.0) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            cp = self.children.get("control-plane")
+            if cp is not None and cp.proc is not None and cp.proc.poll() is not None and not self._thread:
+                raise PlatformError(f"control plane exited with {cp.proc.returncode}; see {cp.log_path}")
+            try:
+                r = httpx.get(f"{self.api_url}/healthz", timeout=1.0)
+                if r.status_code == 200:
+                    return r.json()
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise UnavailableError(f"control plane not answering at {self.api_url} after {timeout_s} s")
+
+    # ------------------------------------------------------------------ supervision
+    def supervise_once(self) -> None:
+        """Restart any child that died (and a dead Prefect server, on its old port)."""
+        for child in self.children.values():
+            if child.proc is not None and child.proc.poll() is not None and not self._stop.is_set():
+                code = child.proc.returncode
+                child.restarts += 1
+                logger.warning("child=%s exited code=%s; restarting (restart %d)", child.name, code, child.restarts)
+                time.sleep(min(0.2 * child.restarts, 2.0))
+                child.start()
+        if self.prefect_server is not None and not self.prefect_server.alive() and not self._stop.is_set():
+            logger.warning("prefect server died; restarting on port %d", self.prefect_server.port)
+            try:
+                self.prefect_server = start_prefect_server(self.home / "prefect", port=self.prefect_server.port)
+            except (PlatformError, UnavailableError):
+                logger.exception("prefect server restart failed; jobs keep running without it")
+
+    def start_supervisor(self, period_s: float = 0.5) -> None:
+        def loop() -> None:
+            while not self._stop.wait(period_s):
+                self.supervise_once()
+
+        self._thread = threading.Thread(target=loop, name="supervisor", daemon=True)
+        self._thread.start()
+
+    def supervise(self, period_s: float = 0.5) -> None:
+        while not self._stop.wait(period_s):
+            self.supervise_once()
+
+    def stop(self) -> None:
+        """Stop children in reverse order (agents stop their tasks). Idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        for name in ("prefect-serve", "prefect-bridge", "agent", "control-plane"):
+            child = self.children.get(name)
+            if child is not None:
+                child.stop()
+        if self.prefect_server is not None:
+            self.prefect_server.stop()
+        for f in ("api_url", "urls.json", "supervisor.pid"):
+            (self.home / "run" / f).unlink(missing_ok=True)
+
+    def __enter__(self) -> Embedded:
+        self.start()
+        self.start_supervisor()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

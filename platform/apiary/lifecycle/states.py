@@ -1,0 +1,185 @@
+"""Job and task state machines.
+
+The job states are OpenPAI's (``WAITING``, ``RUNNING``, ``SUCCEEDED``, ``FAILED``, ``STOPPED``); a task
+adds ``STARTING`` between placement and the process reporting that it started. Every legal edge is a key
+of :data:`JOB_TRANSITIONS` / :data:`TASK_TRANSITIONS`, whose value is a sentence saying when the edge
+happens; ``STATES.md`` next to this file is the same table for people, written like HiveD's
+``doc/design/state-machine.md``. Anything not in a table is illegal and :func:`check_job_transition` /
+:func:`check_task_transition` raise :class:`apiary.errors.InvalidTransitionError`.
+
+Final states (``SUCCEEDED``, ``FAILED``, ``STOPPED``) have no outgoing edge: a retry never reopens a
+finished job or task. A job retry ends the attempt while the job is still ``RUNNING``/``WAITING`` and
+moves it (back) to ``WAITING``; the new attempt's tasks are new task records. A task retried in place
+(OpenPAI ``taskRetryCount``) goes ``STARTING``/``RUNNING`` -> ``WAITING`` without passing a final state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from types import MappingProxyType
+
+from apiary.errors import InvalidTransitionError
+
+__all__ = [
+    "JOB_TRANSITIONS",
+    "TASK_TRANSITIONS",
+    "JobState",
+    "TaskState",
+    "check_job_transition",
+    "check_task_transition",
+]
+
+
+class JobState(StrEnum):
+    """OpenPAI's job states (the ``state`` field of a job in the REST API). Values equal the names.
+
+    A :class:`~enum.StrEnum`, so each member is a ``str`` equal to its value (``str(JobState.RUNNING) ==
+    "RUNNING"``) and an :class:`~enum.Enum`.
+    """
+
+    WAITING = "WAITING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+
+    @classmethod
+    def final_states(cls) -> frozenset[JobState]:
+        """``{SUCCEEDED, FAILED, STOPPED}``: states with no outgoing edge."""
+        return frozenset({cls.SUCCEEDED, cls.FAILED, cls.STOPPED})
+
+    @property
+    def is_final(self) -> bool:
+        """True for ``SUCCEEDED``, ``FAILED`` and ``STOPPED``."""
+        return self in type(self).final_states()
+
+
+class TaskState(StrEnum):
+    """State of one task instance (``taskRole`` x ``taskIndex``) within the current job attempt.
+
+    ``WAITING``: not placed yet. ``STARTING``: placed and sent to its node, the process has not been
+    reported started. ``RUNNING``: the process runs. ``STOPPED``: killed by a user stop, a preemption or
+    the completion policy ending the attempt (it neither succeeded nor failed on its own).
+    """
+
+    WAITING = "WAITING"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+
+    @classmethod
+    def final_states(cls) -> frozenset[TaskState]:
+        """``{SUCCEEDED, FAILED, STOPPED}``: states with no outgoing edge."""
+        return frozenset({cls.SUCCEEDED, cls.FAILED, cls.STOPPED})
+
+    @property
+    def is_final(self) -> bool:
+        """True for ``SUCCEEDED``, ``FAILED`` and ``STOPPED``."""
+        return self in type(self).final_states()
+
+
+_J = JobState
+_T = TaskState
+
+#: ``(from, to) -> when it happens``. ``from`` is ``None`` for the submission edge.
+JOB_TRANSITIONS: Mapping[tuple[JobState | None, JobState], str] = MappingProxyType(
+    {
+        (None, _J.WAITING): "the job is submitted and accepted; its first attempt waits for placement",
+        (_J.WAITING, _J.RUNNING): "the first task of the current attempt reported that its process started",
+        (_J.WAITING, _J.WAITING): (
+            "an attempt that never started a task ended and a retry was decided (e.g. a transient launch "
+            "failure, a gang allocation timeout, preemption before start); the next attempt waits"
+        ),
+        (_J.WAITING, _J.STOPPED): "the user stopped the job before any task of the attempt started",
+        (_J.WAITING, _J.FAILED): (
+            "an attempt that never started a task failed and no retry was decided (e.g. all tasks failed "
+            "to launch with a permanent exit code, or the retries are exhausted)"
+        ),
+        (_J.RUNNING, _J.WAITING): (
+            "the attempt ended and a retry was decided: a user retry (jobRetryCount) or a platform retry "
+            "(transient exit code, preemption, node loss); the new attempt waits for placement"
+        ),
+        (_J.RUNNING, _J.SUCCEEDED): "the completion policy decided SUCCEEDED for the attempt",
+        (_J.RUNNING, _J.FAILED): "the completion policy decided FAILED and no retry was decided",
+        (_J.RUNNING, _J.STOPPED): "the user stopped the job; its running tasks are killed",
+    }
+)
+
+#: ``(from, to) -> when it happens``. ``from`` is ``None`` when the task record is created.
+TASK_TRANSITIONS: Mapping[tuple[TaskState | None, TaskState], str] = MappingProxyType(
+    {
+        (None, _T.WAITING): "the task instance is created for a new job attempt",
+        (_T.WAITING, _T.STARTING): "the scheduler placed the task and it was sent to its node",
+        (_T.WAITING, _T.STOPPED): (
+            "the attempt ended before the task was placed (user stop, preemption of the job, a job retry, "
+            "or the completion policy completed the attempt)"
+        ),
+        (_T.STARTING, _T.RUNNING): "the node reported that the task's process started",
+        (_T.STARTING, _T.FAILED): (
+            "the process could not be started (launch failure), or its node was lost before it started; "
+            "the exit code says why"
+        ),
+        (_T.STARTING, _T.STOPPED): (
+            "the task was killed before its process was reported started (user stop, preemption, a job "
+            "retry ending the attempt, or the completion policy completed the attempt)"
+        ),
+        (_T.STARTING, _T.WAITING): (
+            "the launch failed with a retryable code and the task is retried in place (taskRetryCount or a "
+            "transient code); it waits for placement again"
+        ),
+        (_T.RUNNING, _T.SUCCEEDED): "the process exited with code 0",
+        (_T.RUNNING, _T.FAILED): "the process exited non-zero, or the platform ended it with a failure code",
+        (_T.RUNNING, _T.STOPPED): (
+            "the process was killed by a user stop, a preemption, a job retry ending the attempt, or the "
+            "completion policy completing the attempt"
+        ),
+        (_T.RUNNING, _T.WAITING): (
+            "the process ended with a retryable code and the task is retried in place (taskRetryCount, a "
+            "transient code, or this instance's node was lost); it waits for placement again"
+        ),
+    }
+)
+
+
+def _coerce(enum: type[JobState] | type[TaskState], value: object, kind: str) -> JobState | TaskState:
+    try:
+        return enum(value)
+    except ValueError:
+        raise InvalidTransitionError(f"unknown {kind} state {value!r}") from None
+
+
+def _check(
+    enum: type[JobState] | type[TaskState],
+    table: Mapping,
+    old: object,
+    new: object,
+    kind: str,
+) -> None:
+    old_state = None if old is None else _coerce(enum, old, kind)
+    new_state = _coerce(enum, new, kind)
+    if (old_state, new_state) not in table:
+        source = "<new>" if old_state is None else old_state.value
+        raise InvalidTransitionError(f"illegal {kind} state transition {source} -> {new_state.value}")
+
+
+def check_job_transition(old: JobState | None, new: JobState) -> None:
+    """Return if ``old -> new`` is an edge of :data:`JOB_TRANSITIONS`; ``old=None`` means submission.
+
+    Plain strings equal to a state's value are accepted. Raises
+    :class:`~apiary.errors.InvalidTransitionError` naming both states when the edge is not in the table,
+    and for an unknown state name.
+    """
+    _check(JobState, JOB_TRANSITIONS, old, new, "job")
+
+
+def check_task_transition(old: TaskState | None, new: TaskState) -> None:
+    """Return if ``old -> new`` is an edge of :data:`TASK_TRANSITIONS`; ``old=None`` means creation.
+
+    Plain strings equal to a state's value are accepted. Raises
+    :class:`~apiary.errors.InvalidTransitionError` naming both states when the edge is not in the table,
+    and for an unknown state name.
+    """
+    _check(TaskState, TASK_TRANSITIONS, old, new, "task")

@@ -1,0 +1,269 @@
+"""The node agent: makes one node run exactly the task runs the control plane assigns it.
+
+Desired-state reconciliation, as a kubelet does: the agent long-polls
+``GET /api/v2/nodes/{node}/assignments`` and, for every assignment, launches (``RUN``) or stops
+(``STOP``) the run through its :class:`~apiary.runtime.base.RuntimeBackend`; a running run the
+control plane no longer lists is stopped. It reports run statuses and a heartbeat with
+``POST /api/v2/nodes/{node}/status`` and ships logs with ``POST /api/v2/nodes/{node}/logs``
+before reporting a run's exit, so a finished job's logs are complete.
+
+Never twice: launches are idempotent by run id in the backend (it survives an agent restart), and
+a run whose exit the control plane acknowledged is tombstoned here and never launched again, even
+if a stale assignment list still names it. Control-plane outages are ridden out with backoff;
+tasks keep running meanwhile.
+
+Several agents may share one process (``apiary agent --node a --node b``), one asyncio task
+group each, over one HTTP client: that is how the embedded platform runs many simulated nodes
+without one process per node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+from apiary.errors import PlatformError
+from apiary.lifecycle import EXIT_LAUNCH_FAILED
+from apiary.runtime.base import RuntimeBackend, TaskLaunch, TaskStatus
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_S = 2.0
+REPORT_POLL_S = 0.25
+LONG_POLL_S = 10.0
+LOG_CHUNK = 256 * 1024
+
+
+class NodeAgent:
+    """The agent of one node. ``run`` until ``stop`` is set; on stop it leaves tasks running
+    unless ``kill_tasks_on_exit`` (a clean shutdown of the embedded platform sets it)."""
+
+    def __init__(
+        self,
+        node: str,
+        api_url: str,
+        backend: RuntimeBackend,
+        client: httpx.AsyncClient,
+        *,
+        gpus: int,
+        simulated_gpus: bool,
+        address: str = "127.0.0.1",
+        workdir: str | None = None,
+    ) -> None:
+        self.node = node
+        self.api = api_url.rstrip("/")
+        self.backend = backend
+        self.client = client
+        self.gpus = gpus
+        self.simulated_gpus = simulated_gpus
+        self.address = address
+        self.workdir = workdir or os.getcwd()
+        self.agent_id = uuid.uuid4().hex[:12]
+        self._tombstones: set[str] = set()
+        self._failed: dict[str, TaskStatus] = {}
+        self._stopping: set[str] = set()
+        self._sent: dict[str, tuple] = {}
+        self._shipped: dict[tuple[str, str], int] = {}
+        self._report_now = asyncio.Event()
+        self._last_beat = 0.0
+
+    # ------------------------------------------------------------------ main loops
+    async def run(self, stop: asyncio.Event) -> None:
+        watch = asyncio.create_task(self._watch(stop))
+        report = asyncio.create_task(self._report(stop))
+        await stop.wait()
+        for t in (watch, report):
+            t.cancel()
+        await asyncio.gather(watch, report, return_exceptions=True)
+
+    async def stop_all(self) -> None:
+        runs = await asyncio.to_thread(self.backend.list)
+        await asyncio.gather(
+            *(asyncio.to_thread(self.backend.stop, r.run_id, 3.0) for r in runs if r.state == "running")
+        )
+
+    async def _watch(self, stop: asyncio.Event) -> None:
+        generation: int | None = None
+        backoff = 0.2
+        while not stop.is_set():
+            params = {} if generation is None else {"generation": generation, "wait": LONG_POLL_S}
+            try:
+                r = await self.client.get(
+                    f"{self.api}/api/v2/nodes/{self.node}/assignments", params=params, timeout=LONG_POLL_S + 5
+                )
+                r.raise_for_status()
+                data = r.json()
+            except (httpx.HTTPError, ValueError) as e:
+                logger.debug("node=%s assignments unavailable: %s", self.node, e)
+                generation = None
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            backoff = 0.2
+            generation = data["generation"]
+            await asyncio.to_thread(self._reconcile, data["assignments"])
+            self._report_now.set()
+
+    def _reconcile(self, assignments: list[dict]) -> None:
+        wanted: dict[str, dict] = {a["runId"]: a for a in assignments}
+        for run_id, a in wanted.items():
+            if run_id in self._tombstones or run_id in self._failed:
+                continue
+            if a["desired"] == "RUN":
+                launch = TaskLaunch(**{**a["launch"], "workdir": self.workdir, "env": self._env(a["launch"]["env"])})
+                try:
+                    self.backend.launch(launch)
+                except PlatformError as e:
+                    logger.error("node=%s run=%s launch failed: %s", self.node, run_id, e)
+                    now = time.time()
+                    self._failed[run_id] = TaskStatus(
+                        run_id=run_id, state="exited", exit_code=EXIT_LAUNCH_FAILED, pid=None,
+                        started_at=now, finished_at=now,
+                    )
+            else:
+                self._stop_async(run_id)
+        for st in self.backend.list():
+            if st.state == "running" and st.run_id not in wanted:
+                logger.warning("node=%s run=%s not assigned here any more: stopping it", self.node, st.run_id)
+                self._stop_async(st.run_id)
+
+    def _env(self, env: dict[str, str]) -> dict[str, str]:
+        # Process mode: the platform's own Python environment is the task's "image", so a job's
+        # `python3 ...` finds numpy and scikit-learn. Prepend it to PATH.
+        bindir = str(Path(sys.executable).parent)
+        path = env.get("PATH") or os.environ.get("PATH", "/usr/bin:/bin")
+        return {**env, "PATH": f"{bindir}:{path}"}
+
+    def _stop_async(self, run_id: str) -> None:
+        st = self.backend.status(run_id)
+        if st is None or st.state != "running" or run_id in self._stopping:
+            return
+        self._stopping.add(run_id)
+
+        async def _do() -> None:
+            try:
+                await asyncio.to_thread(self.backend.stop, run_id, 5.0)
+            finally:
+                self._stopping.discard(run_id)
+                self._report_now.set()
+
+        asyncio.run_coroutine_threadsafe(_do(), self._loop)
+
+    async def _report(self, stop: asyncio.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(self._report_now.wait(), REPORT_POLL_S)
+            except TimeoutError:
+                pass
+            self._report_now.clear()
+            try:
+                await self._report_once()
+            except (httpx.HTTPError, ValueError) as e:
+                logger.debug("node=%s report failed: %s", self.node, e)
+                await asyncio.sleep(0.5)
+
+    async def _report_once(self) -> None:
+        statuses = await asyncio.to_thread(self.backend.list)
+        statuses = [s for s in statuses if s.run_id not in self._tombstones] + list(self._failed.values())
+        changed = [s for s in statuses if self._sent.get(s.run_id) != _key(s)]
+        await self._ship_logs(statuses)
+        now = time.monotonic()
+        if not changed and now - self._last_beat < HEARTBEAT_S:
+            return
+        body = {
+            "agentId": self.agent_id,
+            "gpus": self.gpus,
+            "simulatedGpus": self.simulated_gpus,
+            "address": self.address,
+            "runs": [
+                {
+                    "run_id": s.run_id, "state": s.state, "exit_code": s.exit_code, "pid": s.pid,
+                    "started_at": s.started_at, "finished_at": s.finished_at, "lost": s.lost, "stopped": s.stopped,
+                }
+                for s in changed
+            ],
+        }
+        r = await self.client.post(f"{self.api}/api/v2/nodes/{self.node}/status", json=body, timeout=30)
+        r.raise_for_status()
+        self._last_beat = now
+        acked = set(r.json().get("ack", []))
+        for s in changed:
+            self._sent[s.run_id] = _key(s)
+        for s in statuses:
+            if s.run_id in acked and s.state == "exited":
+                # The control plane has the exit: never launch this run again, drop local state.
+                self._tombstones.add(s.run_id)
+                self._failed.pop(s.run_id, None)
+                self._sent.pop(s.run_id, None)
+                await asyncio.to_thread(self.backend.forget, s.run_id)
+
+    async def _ship_logs(self, statuses: list[TaskStatus]) -> None:
+        for s in statuses:
+            for stream in ("stdout", "stderr"):
+                path = self.backend.log_path(s.run_id, stream)
+                if path is None or not path.exists():
+                    continue
+                key = (s.run_id, stream)
+                offset = self._shipped.get(key, 0)
+                size = path.stat().st_size
+                while offset < size:
+                    with path.open("rb") as f:
+                        f.seek(offset)
+                        chunk = f.read(LOG_CHUNK)
+                    if not chunk:
+                        break
+                    r = await self.client.post(
+                        f"{self.api}/api/v2/nodes/{self.node}/logs",
+                        params={"runId": s.run_id, "stream": stream, "offset": offset},
+                        content=chunk,
+                        headers={"Content-Type": "application/octet-stream"},
+                        timeout=30,
+                    )
+                    r.raise_for_status()
+                    offset += len(chunk)
+                    self._shipped[key] = offset
+            if s.state == "exited" and s.run_id in self._tombstones:
+                self._shipped.pop((s.run_id, "stdout"), None)
+                self._shipped.pop((s.run_id, "stderr"), None)
+
+
+def _key(s: TaskStatus) -> tuple:
+    return (s.state, s.exit_code, s.started_at, s.lost, s.stopped)
+
+
+async def run_agents(
+    api_url: str,
+    nodes: dict[str, int],
+    state_dir: Path,
+    *,
+    simulated_gpus: bool,
+    workdir: str | None = None,
+    stop: asyncio.Event | None = None,
+    kill_tasks_on_exit: bool = False,
+) -> None:
+    """Run one :class:`NodeAgent` per entry of ``nodes`` (name -> GPU count) in this process,
+    each with a :class:`~apiary.runtime.process.ProcessBackend` under ``state_dir/<node>``."""
+    from apiary.runtime.process import ProcessBackend
+
+    stop = stop or asyncio.Event()
+    limits = httpx.Limits(max_connections=4 * len(nodes) + 10, max_keepalive_connections=4 * len(nodes) + 10)
+    async with httpx.AsyncClient(limits=limits) as client:
+        agents = [
+            NodeAgent(
+                name, api_url, ProcessBackend(state_dir / name), client,
+                gpus=gpus, simulated_gpus=simulated_gpus, workdir=workdir,
+            )
+            for name, gpus in nodes.items()
+        ]
+        logger.info("agents started nodes=%d api=%s", len(agents), api_url)
+        await asyncio.gather(*(a.run(stop) for a in agents))
+        if kill_tasks_on_exit:
+            await asyncio.gather(*(a.stop_all() for a in agents))

@@ -1,0 +1,1 @@
+"""OpenPAI job protocol v2 and cluster configuration models."""

@@ -1,0 +1,620 @@
+"""OpenPAI job protocol v2 as pydantic models, validated the way OpenPAI's REST server does.
+
+Sources of the rules (cited per field below):
+
+* ``schema``: /work/shared/reference/openpai/openpai-protocol-schema-v2.yaml, the written
+  OpenAPI 3 schema of microsoft/openpai-protocol;
+* ``rest-server``: OpenPAI's REST server, ``src/config/v2/protocol.js`` (the ajv schema it
+  enforces), ``src/middlewares/v2/protocol.js`` (cross-reference checks: prerequisites and
+  deployments named by task roles and defaults must exist) and ``src/config/v2/hived.js``
+  (``extras.hivedScheduler``), ``src/models/v2/job/k8s.js`` (priority classes).
+
+Wire names are camelCase (aliases); Python attributes are snake_case. Every object rejects
+unknown fields except those the protocol leaves free-form: ``parameters``, ``secrets``,
+``extras`` (apart from its typed keys) and script/output/data prerequisites.
+
+Entry point: :func:`parse_job` (YAML or JSON text -> :class:`JobSpec`); every failure is an
+:class:`apiary.errors.ValidationError` whose ``field`` is the dotted path of the first bad field.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Annotated, Any, Literal
+
+import pydantic
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from apiary.errors import ValidationError
+from apiary.spec.templating import render
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "PRIORITY_CLASSES",
+    "DataPrerequisite",
+    "Defaults",
+    "Deployment",
+    "DeploymentTaskRole",
+    "DockerImageAuth",
+    "DockerImagePrerequisite",
+    "Extras",
+    "ExtraContainerOptions",
+    "HivedScheduler",
+    "HivedTaskRole",
+    "JobSpec",
+    "Prerequisite",
+    "ResourcePerInstance",
+    "ScriptOrOutputPrerequisite",
+    "TaskRole",
+    "TaskRoleCompletion",
+    "parse_job",
+]
+
+#: Priority class -> HiveD priority, as OpenPAI's REST server maps it (rest-server
+#: ``convertPriority`` in src/models/v2/job/k8s.js; HiveD's allowed range is [-1, 126]).
+#: -1 is HiveD's opportunistic priority: the job may use idle cells outside its VC's quota
+#: and is preempted by any guaranteed job.
+PRIORITY_CLASSES: dict[str, int] = {"crit": 120, "prod": 100, "test": 10, "oppo": -1}
+
+#: Default priority class when a job names none (rest-server ``convertPriority(priorityClass='test')``).
+DEFAULT_PRIORITY_CLASS = "test"
+#: Virtual cluster a job without ``defaults.virtualCluster`` is submitted to (OpenPAI's default VC).
+DEFAULT_VIRTUAL_CLUSTER = "default"
+
+#: Job, prerequisite and deployment names: schema ``PrerequisiteInfo.name`` and rest-server base.json.
+NAME_PATTERN = r"^[a-zA-Z0-9_-]+$"
+NAME_MAX_LENGTH = 255
+#: Task role and port label names: "valid C variable name" (schema ``taskRoles`` and ``ports``;
+#: rest-server ``patternProperties``). The task role name becomes part of environment variable
+#: names such as ``PAI_TASK_ROLE_<name>_HOST_LIST``, hence no dashes.
+IDENTIFIER_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+_IDENTIFIER_RE = re.compile(IDENTIFIER_PATTERN)
+
+_PREREQUISITE_TYPES = ("dockerimage", "script", "output", "data")
+
+
+# --------------------------------------------------------------------------- shared pieces
+
+
+class _Model(BaseModel):
+    # strict: OpenPAI's ajv schema does not coerce ("2" is no integer, "yes" no boolean);
+    # YAML already yields native ints, bools and strings.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
+
+
+class _OpenModel(_Model):
+    """An object the protocol lets carry fields of its own (``additionalProperties: true``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def _check_identifier(kind: str):
+    def check(name: str) -> str:
+        if not _IDENTIFIER_RE.match(name):
+            raise PydanticCustomError(
+                "openpai_identifier",
+                "{kind} name '{name}' is not allowed: OpenPAI requires ^[a-zA-Z_][a-zA-Z0-9_]*$ "
+                "(a valid C variable name: letters, digits, underscores, not starting with a digit)",
+                {"kind": kind, "name": name},
+            )
+        return name
+
+    return pydantic.AfterValidator(check)
+
+
+TaskRoleName = Annotated[str, _check_identifier("task role")]
+PortLabel = Annotated[str, _check_identifier("port label")]
+Name = Annotated[str, Field(pattern=NAME_PATTERN, min_length=1, max_length=NAME_MAX_LENGTH)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+#: rest-server base.json: ``version: {type: ['string', 'number']}``.
+Version = str | int | float
+
+
+def _protocol_version(value: Any) -> Any:
+    # schema: protocolVersion is the number 2 or the string "2"; normalised to the int 2.
+    if value == "2" and isinstance(value, str):
+        return 2
+    return value
+
+
+ProtocolVersion = Annotated[Literal[2], pydantic.BeforeValidator(_protocol_version)]
+
+
+# --------------------------------------------------------------------------- prerequisites
+
+
+class _PrerequisiteInfo(_Model):
+    """Fields every prerequisite shares (schema ``PrerequisiteInfo``)."""
+
+    protocol_version: ProtocolVersion | None = Field(None, alias="protocolVersion")
+    name: Name
+    version: Version | None = None
+    contributor: str | None = None
+    description: str | None = None
+
+
+class DockerImageAuth(_Model):
+    """Registry credentials. ``password`` should be a ``<% $secrets.x %>`` reference (schema)."""
+
+    username: str | None = None
+    password: str | None = None
+    registryuri: str | None = None
+
+
+class DockerImagePrerequisite(_PrerequisiteInfo):
+    """``type: dockerimage``: ``uri`` is the image reference (``openpai/pai.example.pytorch``).
+
+    Closed object (rest-server: ``additionalProperties: false``); ``uri`` is required.
+    """
+
+    type: Literal["dockerimage"]
+    uri: str
+    auth: DockerImageAuth | None = None
+
+
+class ScriptOrOutputPrerequisite(_PrerequisiteInfo):
+    """``type: script`` or ``type: output``: ``uri`` is one location string. Open object (schema)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["script", "output"]
+    plugin: str | None = None
+    require: list[str] | None = None
+    uri: str | None = None
+
+
+class DataPrerequisite(_PrerequisiteInfo):
+    """``type: data``: ``uri`` is a non-empty list of locations (schema ``minItems: 1``). Open object."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["data"]
+    plugin: str | None = None
+    require: list[str] | None = None
+    uri: Annotated[list[str], Field(min_length=1)] | None = None
+
+
+Prerequisite = Annotated[
+    DockerImagePrerequisite | ScriptOrOutputPrerequisite | DataPrerequisite,
+    Field(discriminator="type"),
+]
+
+
+# --------------------------------------------------------------------------- task roles
+
+
+class TaskRoleCompletion(_Model):
+    """When a task role's instances decide the job's outcome (schema ``completion``; OpenPAI
+    passes them to FrameworkController as ``minFailedTaskCount`` / ``minSucceededTaskCount``).
+
+    * ``minFailedInstances`` (default 1, schema): the job fails as soon as this many instances
+      of the role have failed (after their ``taskRetryCount`` retries). ``-1``: instance
+      failures never fail the job.
+    * ``minSucceededInstances`` (default -1): the job succeeds as soon as this many instances
+      have succeeded. ``-1``: only once *all* instances have completed and
+      ``minFailedInstances`` was not reached, which is what the schema's "default is task
+      instances" amounts to.
+
+    Each is ``-1`` or ``>= 1``; ``null`` (allowed by the rest-server schema) means the default.
+    """
+
+    min_failed_instances: int = Field(1, alias="minFailedInstances")
+    min_succeeded_instances: int = Field(-1, alias="minSucceededInstances")
+
+    @field_validator("min_failed_instances", "min_succeeded_instances", mode="before")
+    @classmethod
+    def _null_is_default(cls, value: Any, info: pydantic.ValidationInfo) -> Any:
+        if value is None:
+            return cls.model_fields[info.field_name].default
+        return value
+
+    @field_validator("min_failed_instances", "min_succeeded_instances")
+    @classmethod
+    def _minus_one_or_positive(cls, value: int, info: pydantic.ValidationInfo) -> int:
+        # schema: "-1 or no less than 1"; 0 would decide the job before any instance ran.
+        if value != -1 and value < 1:
+            raise PydanticCustomError(
+                "openpai_completion",
+                "{field} must be -1 or at least 1, got {value}",
+                {"field": cls.model_fields[info.field_name].alias, "value": value},
+            )
+        return value
+
+
+class ExtraContainerOptions(_Model):
+    """Docker options (schema): ``shmMB`` is the size of /dev/shm in MiB; ``infiniband`` mounts IB devices."""
+
+    shm_mb: NonNegativeInt | None = Field(None, alias="shmMB")
+    infiniband: bool | None = None
+
+
+class ResourcePerInstance(_Model):
+    """Resources of one instance (one container).
+
+    ``cpu`` in vcores, ``memoryMB`` in MiB, ``gpu`` in whole cards; all three are required
+    (rest-server). ``gpu >= 0`` and ``cpu``/``memoryMB >= 1`` are Apiary's bounds (OpenPAI only
+    types them as integers; a negative request is meaningless to HiveD). ``ports`` maps a port
+    label (C identifier) to how many ports to reserve (host network only; schema).
+    """
+
+    cpu: Annotated[int, Field(ge=1)]
+    memory_mb: Annotated[int, Field(ge=1)] = Field(alias="memoryMB")
+    gpu: NonNegativeInt
+    ports: Annotated[dict[PortLabel, NonNegativeInt], Field(min_length=1)] | None = None
+
+
+class TaskRole(_Model):
+    """One kind of task; ``instances`` copies of it run, each in its own container.
+
+    Rules: ``instances >= 1`` (default 1), ``taskRetryCount >= 0`` (default 0), ``dockerImage``
+    names a ``dockerimage`` prerequisite, ``data``/``output``/``script`` name a prerequisite of
+    that type, ``prerequisites`` name existing prerequisites (rest-server middleware), and
+    ``commands`` is a non-empty list of shell lines (rest-server ``minItems: 1``).
+    """
+
+    protocol_version: ProtocolVersion | None = Field(None, alias="protocolVersion")
+    instances: Annotated[int, Field(ge=1)] = 1
+    completion: TaskRoleCompletion = Field(default_factory=TaskRoleCompletion)
+    task_retry_count: NonNegativeInt = Field(0, alias="taskRetryCount")
+    prerequisites: list[str] | None = None
+    docker_image: str = Field(alias="dockerImage")
+    data: str | None = None
+    output: str | None = None
+    script: str | None = None
+    extra_container_options: ExtraContainerOptions | None = Field(None, alias="extraContainerOptions")
+    resource_per_instance: ResourcePerInstance = Field(alias="resourcePerInstance")
+    commands: Annotated[list[str], Field(min_length=1)]
+
+
+# --------------------------------------------------------------------------- deployments, defaults
+
+
+class DeploymentTaskRole(_Model):
+    """Commands a deployment wraps around one task role's ``commands`` (each list non-empty if given)."""
+
+    pre_commands: Annotated[list[str], Field(min_length=1)] | None = Field(None, alias="preCommands")
+    post_commands: Annotated[list[str], Field(min_length=1)] | None = Field(None, alias="postCommands")
+
+
+class Deployment(_Model):
+    """A named deployment; its ``taskRoles`` keys must be task roles of the job (schema)."""
+
+    protocol_version: ProtocolVersion | None = Field(None, alias="protocolVersion")
+    name: Name
+    task_roles: Annotated[dict[TaskRoleName, DeploymentTaskRole], Field(min_length=1)] = Field(
+        alias="taskRoles"
+    )
+
+
+class Defaults(_Model):
+    """Submission defaults: ``virtualCluster`` (VC name) and ``deployment`` (a deployment's name)."""
+
+    virtual_cluster: str | None = Field(None, alias="virtualCluster")
+    deployment: str | None = None
+
+
+# --------------------------------------------------------------------------- extras
+
+
+class HivedTaskRole(_Model):
+    """Per-task-role HiveD placement (rest-server hived.js; closed object).
+
+    ``skuType``: the leaf cell type (GPU model) to run on; ``pinnedCellId``: a pinned cell of
+    the VC to run in; ``affinityGroupName``: task roles sharing a name are gang-placed together.
+    """
+
+    sku_type: str | None = Field(None, alias="skuType")
+    pinned_cell_id: str | None = Field(None, alias="pinnedCellId")
+    affinity_group_name: str | None = Field(None, alias="affinityGroupName")
+
+
+class HivedScheduler(_Model):
+    """``extras.hivedScheduler``: ``jobPriorityClass`` is crit/prod/test/oppo (default test)."""
+
+    job_priority_class: Literal["crit", "prod", "test", "oppo"] = Field(
+        DEFAULT_PRIORITY_CLASS, alias="jobPriorityClass"
+    )
+    task_roles: dict[TaskRoleName, HivedTaskRole] | None = Field(None, alias="taskRoles")
+
+
+class Extras(_OpenModel):
+    """Free-form plugin data (schema ``extras``) with two typed keys.
+
+    ``gangAllocation`` (default true): all instances of the job are placed at once or not at
+    all. ``hivedScheduler``: see :class:`HivedScheduler`. Other keys are kept as given.
+    """
+
+    gang_allocation: bool = Field(True, alias="gangAllocation")
+    hived_scheduler: HivedScheduler | None = Field(None, alias="hivedScheduler")
+
+
+# --------------------------------------------------------------------------- the job
+
+
+class _Dumper(yaml.SafeDumper):
+    """SafeDumper that writes multi-line strings (folded commands) as readable ``|`` blocks."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+class JobSpec(_Model):
+    """An OpenPAI job protocol v2 document (schema ``JobProtocol``).
+
+    Required: ``protocolVersion`` (2 or "2"), ``name`` (``^[a-zA-Z0-9_-]+$``, <= 255 chars),
+    ``type: job``, ``taskRoles`` (at least one). ``jobRetryCount`` defaults to 0.
+    ``prerequisites`` is optional to the rest-server schema but in practice required, since
+    every task role's ``dockerImage`` must name one.
+
+    Cross-field rules (rest-server middleware and hived.js), checked after the fields and
+    raised directly as :class:`apiary.errors.ValidationError`: prerequisite names unique per
+    type, deployment names unique, references from task roles/defaults/extras resolve.
+    """
+
+    protocol_version: ProtocolVersion = Field(alias="protocolVersion")
+    name: Name
+    type: Literal["job"]
+    version: Version | None = None
+    contributor: str | None = None
+    description: str | None = None
+    job_retry_count: NonNegativeInt = Field(0, alias="jobRetryCount")
+    prerequisites: Annotated[list[Prerequisite], Field(min_length=1)] | None = None
+    parameters: dict[str, Any] | None = None
+    secrets: dict[str, Any] | None = None
+    task_roles: Annotated[dict[TaskRoleName, TaskRole], Field(min_length=1)] = Field(alias="taskRoles")
+    deployments: Annotated[list[Deployment], Field(min_length=1)] | None = None
+    defaults: Defaults | None = None
+    extras: Extras | None = None
+
+    # ------------------------------------------------------------------ cross-field checks
+
+    @model_validator(mode="after")
+    def _check_references(self) -> JobSpec:
+        # Raised as apiary's ValidationError (not a ValueError) so pydantic lets it through
+        # with its exact field path instead of re-wrapping it at the model root.
+        by_type: dict[str, dict[str, Any]] = {t: {} for t in _PREREQUISITE_TYPES}
+        for i, item in enumerate(self.prerequisites or []):
+            if item.name in by_type[item.type]:
+                raise ValidationError(
+                    f"prerequisites[{i}].name", f"duplicated {item.type} prerequisite name {item.name!r}"
+                )
+            by_type[item.type][item.name] = item
+        all_names = {name for names in by_type.values() for name in names}
+
+        for tr_name, tr in self.task_roles.items():
+            base = f"taskRoles.{tr_name}"
+            if tr.docker_image not in by_type["dockerimage"]:
+                raise ValidationError(
+                    f"{base}.dockerImage",
+                    f"names {tr.docker_image!r}, which is no dockerimage prerequisite "
+                    f"(defined: {sorted(by_type['dockerimage']) or 'none'})",
+                )
+            for kind in ("data", "output", "script"):
+                ref = getattr(tr, kind)
+                if ref is not None and ref not in by_type[kind]:
+                    raise ValidationError(f"{base}.{kind}", f"names {ref!r}, which is no {kind} prerequisite")
+            for i, ref in enumerate(tr.prerequisites or []):
+                if ref not in all_names:
+                    raise ValidationError(
+                        f"{base}.prerequisites[{i}]", f"names {ref!r}, which is no prerequisite"
+                    )
+
+        deployment_names: set[str] = set()
+        for i, dep in enumerate(self.deployments or []):
+            if dep.name in deployment_names:
+                raise ValidationError(f"deployments[{i}].name", f"duplicated deployment name {dep.name!r}")
+            deployment_names.add(dep.name)
+            for tr_name in dep.task_roles:
+                if tr_name not in self.task_roles:
+                    raise ValidationError(
+                        f"deployments[{i}].taskRoles.{tr_name}",
+                        f"names task role {tr_name!r}, which the job does not have",
+                    )
+        if self.defaults and self.defaults.deployment is not None:
+            if self.defaults.deployment not in deployment_names:
+                raise ValidationError(
+                    "defaults.deployment",
+                    f"names deployment {self.defaults.deployment!r}, which is not defined",
+                )
+
+        hived = self.extras.hived_scheduler if self.extras else None
+        for tr_name in (hived.task_roles or {}) if hived else {}:
+            if tr_name not in self.task_roles:
+                raise ValidationError(
+                    f"extras.hivedScheduler.taskRoles.{tr_name}",
+                    f"names task role {tr_name!r}, which the job does not have "
+                    f"(task roles: {sorted(self.task_roles)})",
+                )
+        return self
+
+    # ------------------------------------------------------------------ derived views
+
+    @property
+    def virtual_cluster(self) -> str:
+        """``defaults.virtualCluster``, or ``"default"`` (OpenPAI's default VC) when unset."""
+        if self.defaults and self.defaults.virtual_cluster:
+            return self.defaults.virtual_cluster
+        return DEFAULT_VIRTUAL_CLUSTER
+
+    @property
+    def priority_class(self) -> str:
+        """``extras.hivedScheduler.jobPriorityClass``, or ``"test"`` (rest-server default)."""
+        hived = self.extras.hived_scheduler if self.extras else None
+        return hived.job_priority_class if hived else DEFAULT_PRIORITY_CLASS
+
+    @property
+    def priority(self) -> int:
+        """HiveD priority of :attr:`priority_class` per :data:`PRIORITY_CLASSES` (-1 = opportunistic)."""
+        return PRIORITY_CLASSES[self.priority_class]
+
+    @property
+    def gang(self) -> bool:
+        """``extras.gangAllocation``; True (gang scheduling) when unset."""
+        return self.extras.gang_allocation if self.extras else True
+
+    def _hived_task_role(self, task_role: str) -> HivedTaskRole | None:
+        hived = self.extras.hived_scheduler if self.extras else None
+        return (hived.task_roles or {}).get(task_role) if hived else None
+
+    def sku_type(self, task_role: str) -> str | None:
+        """``extras.hivedScheduler.taskRoles.<task_role>.skuType``, or None when not set."""
+        hived_tr = self._hived_task_role(task_role)
+        return hived_tr.sku_type if hived_tr else None
+
+    def pinned_cell_id(self, task_role: str) -> str | None:
+        """``extras.hivedScheduler.taskRoles.<task_role>.pinnedCellId``, or None when not set."""
+        hived_tr = self._hived_task_role(task_role)
+        return hived_tr.pinned_cell_id if hived_tr else None
+
+    def active_deployment(self) -> Deployment | None:
+        """The deployment in force: ``defaults.deployment``, else the only one; None otherwise.
+
+        OpenPAI activates only the deployment chosen in ``defaults`` (schema ``deployments``);
+        Apiary also takes a lone deployment as chosen, since there is nothing to choose from.
+        """
+        deployments = self.deployments or []
+        if self.defaults and self.defaults.deployment is not None:
+            return next(d for d in deployments if d.name == self.defaults.deployment)
+        return deployments[0] if len(deployments) == 1 else None
+
+    def template_context(self, task_role: str) -> dict[str, Any]:
+        """What ``<% $x %>`` can reference in ``task_role``: ``parameters``, ``secrets`` (whole
+        job) and ``script``/``data``/``output`` (the prerequisite the task role selects, as its
+        wire-form dict, so ``$data.uri[0]`` and ``$script.name`` work)."""
+        tr = self.task_roles[task_role]
+        by_key = {(p.type, p.name): p for p in self.prerequisites or []}
+        context: dict[str, Any] = {"parameters": self.parameters or {}, "secrets": self.secrets or {}}
+        for kind in ("script", "data", "output"):
+            ref = getattr(tr, kind)
+            if ref is not None:
+                context[kind] = by_key[(kind, ref)].model_dump(by_alias=True, exclude_none=True)
+        return context
+
+    def render_commands(self, task_role: str) -> list[str]:
+        """The shell lines one instance of ``task_role`` runs, templates resolved.
+
+        Order: the active deployment's ``preCommands`` for the role, the role's ``commands``,
+        then its ``postCommands`` (schema ``deployments``). Each line has its ``<% $... %>``
+        tags replaced (see :mod:`apiary.spec.templating`).
+
+        Raises :class:`apiary.errors.ValidationError`: ``taskRoles.<task_role>`` for an unknown
+        task role; the path of the offending line (``taskRoles.train.commands[0]``,
+        ``deployments[0].taskRoles.train.preCommands[1]``) for an unknown reference.
+        """
+        if task_role not in self.task_roles:
+            raise ValidationError(f"taskRoles.{task_role}", f"the job has no task role {task_role!r}")
+        context = self.template_context(task_role)
+        lines: list[tuple[str, str]] = []
+        deployment = self.active_deployment()
+        dep_tr = deployment.task_roles.get(task_role) if deployment else None
+        if dep_tr:
+            dep_base = f"deployments[{(self.deployments or []).index(deployment)}].taskRoles.{task_role}"
+            lines += [(f"{dep_base}.preCommands[{i}]", c) for i, c in enumerate(dep_tr.pre_commands or [])]
+        lines += [
+            (f"taskRoles.{task_role}.commands[{i}]", c)
+            for i, c in enumerate(self.task_roles[task_role].commands)
+        ]
+        if dep_tr:
+            lines += [(f"{dep_base}.postCommands[{i}]", c) for i, c in enumerate(dep_tr.post_commands or [])]
+        return [render(text, context, field) for field, text in lines]
+
+    # ------------------------------------------------------------------ serialisation
+
+    def to_wire(self) -> dict[str, Any]:
+        """The protocol as plain data with wire (camelCase) keys, unset optionals left out."""
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+    def to_yaml(self, *, redact_secrets: bool = False) -> str:
+        """The job as protocol YAML that :func:`parse_job` reads back into an equal model.
+
+        Secrets are written as they are unless ``redact_secrets`` (then each value is
+        ``"******"``; OpenPAI hides secrets from job cloning and logs the same way).
+        """
+        data = self.to_wire()
+        if redact_secrets and "secrets" in data:
+            data["secrets"] = dict.fromkeys(data["secrets"], "******")
+        return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False)
+
+
+# --------------------------------------------------------------------------- parsing
+
+_FRIENDLY = {
+    "extra_forbidden": "unknown field: the OpenPAI job protocol v2 does not define it here",
+    "missing": "required field is missing",
+}
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    """Dotted wire path from a pydantic ``loc``: ``taskRoles.train.commands[0]``."""
+    parts: list[str] = []
+    previous: int | str | None = None
+    for item in loc:
+        if item == "[key]":
+            continue  # a dict key failed: the key itself (already in loc) is the field
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif isinstance(previous, int) and item in _PREREQUISITE_TYPES and loc[0] == "prerequisites":
+            pass  # the discriminated-union tag pydantic inserts after a list index
+        else:
+            parts.append(f".{item}" if parts else str(item))
+        previous = item
+    return "".join(parts)
+
+
+def _pydantic_to_validation_error(exc: pydantic.ValidationError) -> ValidationError:
+    found: list[tuple[str, str]] = []
+    for err in exc.errors(include_url=False):
+        loc = tuple(err["loc"])
+        if err["type"] in ("union_tag_not_found", "union_tag_invalid"):
+            loc = (*loc, "type")
+        reason = _FRIENDLY.get(err["type"], err["msg"])
+        if loc and loc[-1] == "protocolVersion" and err["type"] == "literal_error":
+            reason = f'protocol version must be 2 (or "2"), got {err["input"]!r}'
+        if err["type"] == "union_tag_invalid":
+            reason = f"prerequisite type must be one of {', '.join(_PREREQUISITE_TYPES)}"
+        found.append((_field_path(loc), reason))
+    field, reason = found[0]
+    rest = "; ".join(f"{f}: {r}" if f else r for f, r in found[1:])
+    return ValidationError(field, f"{reason}; {rest}" if rest else reason)
+
+
+def parse_job(text: str | bytes) -> JobSpec:
+    """Parse an OpenPAI job protocol v2 document (YAML; JSON is YAML) into a :class:`JobSpec`.
+
+    Raises :class:`apiary.errors.ValidationError` and nothing else for bad input:
+
+    * ``field="body"`` for undecodable bytes, broken YAML (reason gives line and column,
+      1-based) or a document that is not a mapping;
+    * otherwise ``field`` is the dotted wire path of the first offending field
+      (``taskRoles.train.resourcePerInstance.gpu``), and the message lists every problem
+      found, ``"a.b: reason; c: reason"``.
+    """
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValidationError("body", f"job spec is not UTF-8 text: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ValidationError("body", f"job spec is not valid YAML{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise ValidationError("body", f"job spec must be a YAML mapping, got {type(data).__name__}")
+    try:
+        return JobSpec.model_validate(data)
+    except pydantic.ValidationError as exc:
+        error = _pydantic_to_validation_error(exc)
+        logger.debug("rejected job spec: %s", error.message)
+        raise error from None

@@ -1,0 +1,21 @@
+"""Alembic environment: runs on the connection handed in by :func:`apiary.store.engine.migrate`,
+or on ``sqlalchemy.url`` when invoked through the alembic CLI."""
+
+from alembic import context
+from sqlalchemy import create_engine
+
+from apiary.store.models import Base
+
+target_metadata = Base.metadata
+config = context.config
+
+connection = config.attributes.get("connection")
+if connection is None:  # alembic CLI
+    engine = create_engine(config.get_main_option("sqlalchemy.url"))
+    with engine.begin() as connection:
+        context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
+        context.run_migrations()
+else:
+    context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
+    with context.begin_transaction():
+        context.run_migrations()

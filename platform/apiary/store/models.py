@@ -1,0 +1,136 @@
+"""SQLAlchemy models: the durable state of the control plane.
+
+An accepted job is a committed ``jobs`` row; a placement is a committed ``placements`` row
+written before any node is told to start the task (so a crash after the commit loses nothing
+and a crash before it never started anything). Times are unix seconds (float, UTC).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Job(Base):
+    """One OpenPAI job, id ``user~name`` (names are unique per user, as in OpenPAI)."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(300), primary_key=True)
+    user: Mapped[str] = mapped_column(String(100), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    virtual_cluster: Mapped[str] = mapped_column(String(100), index=True)
+    priority_class: Mapped[str] = mapped_column(String(10))
+    priority: Mapped[int] = mapped_column(Integer)
+    gang: Mapped[bool] = mapped_column(Boolean)
+    spec_yaml: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    # START or STOP, OpenPAI's executionType: STOP asks every task to end.
+    execution_type: Mapped[str] = mapped_column(String(8), default="START")
+    attempt: Mapped[int] = mapped_column(Integer, default=0)  # current attempt index, 0-based
+    retries_user: Mapped[int] = mapped_column(Integer, default=0)
+    retries_platform: Mapped[int] = mapped_column(Integer, default=0)
+    submission_time: Mapped[float] = mapped_column(Float)
+    launch_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    completion_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    exit_phrase: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    waiting_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    flow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class Attempt(Base):
+    """One attempt of a job: all its task roles, placed and run once.
+
+    ``outcome`` is decided first (completion policy, stop, preemption, node loss); the attempt is
+    ``finished`` only when every task of it has ended, and only then does the job move on.
+    """
+
+    __tablename__ = "attempts"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created: Mapped[float] = mapped_column(Float)
+    launched: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # None while undecided; SUCCEEDED, FAILED, STOPPED, PREEMPTED or NODE_LOST once decided.
+    outcome: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    preempted_by: Mapped[str | None] = mapped_column(String(300), nullable=True)
+
+
+class Placement(Base):
+    """Cells given to one task instance of one attempt (HiveD's allocated pod)."""
+
+    __tablename__ = "placements"
+    __table_args__ = (UniqueConstraint("job_id", "attempt", "task_role", "index"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    task_role: Mapped[str] = mapped_column(String(100))
+    index: Mapped[int] = mapped_column(Integer)
+    node: Mapped[str] = mapped_column(String(200), index=True)
+    leaf_cells: Mapped[list] = mapped_column(JSON)
+    gpus: Mapped[list] = mapped_column(JSON)
+    created: Mapped[float] = mapped_column(Float)
+    released: Mapped[bool] = mapped_column(Boolean, default=False, index=True)
+
+
+class Task(Base):
+    """One run of one task instance (OpenPAI's task attempt); ``run_id`` is the node's idempotency key."""
+
+    __tablename__ = "tasks"
+    __table_args__ = (Index("ix_tasks_job_attempt", "job_id", "attempt"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    task_role: Mapped[str] = mapped_column(String(100))
+    index: Mapped[int] = mapped_column(Integer)
+    task_attempt: Mapped[int] = mapped_column(Integer, default=0)  # taskRetryCount retries in place
+    run_id: Mapped[str | None] = mapped_column(String(400), unique=True, nullable=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    node: Mapped[str | None] = mapped_column(String(200), nullable=True, index=True)
+    gpus: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    desired: Mapped[str] = mapped_column(String(8), default="RUN")  # RUN or STOP
+    stop_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    exit_phrase: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    placed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    started: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished: Mapped[float | None] = mapped_column(Float, nullable=True)
+    latest: Mapped[bool] = mapped_column(Boolean, default=True)  # the newest run of its instance
+
+
+class Event(Base):
+    """Append-only job history; ``seq`` orders it (the Prefect bridge's cursor)."""
+
+    __tablename__ = "events"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    time: Mapped[float] = mapped_column(Float)
+    job_id: Mapped[str] = mapped_column(String(300), index=True)
+    type: Mapped[str] = mapped_column(String(40))
+    data: Mapped[dict] = mapped_column(JSON)
+
+
+class Node(Base):
+    """A node as its agent last reported it."""
+
+    __tablename__ = "nodes"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    address: Mapped[str] = mapped_column(String(200), default="127.0.0.1")
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    simulated_gpus: Mapped[bool] = mapped_column(Boolean, default=False)
+    healthy: Mapped[bool] = mapped_column(Boolean, default=True)
+    cordoned: Mapped[bool] = mapped_column(Boolean, default=False)
+    agent_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    last_heartbeat: Mapped[float | None] = mapped_column(Float, nullable=True)

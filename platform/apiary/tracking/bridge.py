@@ -1,0 +1,672 @@
+"""Mirror Apiary jobs into Prefect: one flow run per job, task runs per lifecycle step.
+
+Apiary accepts, schedules and runs jobs itself; Prefect is kept off the launch path (a flow
+engine per job costs ~1 s and ~1 MB each and a SQLite-backed server answered 503 at 50
+concurrent flow runs). The :class:`PrefectBridge` reads Apiary's event log through a
+:class:`~apiary.tracking.source.JobEventSource` and writes what happened to the Prefect API with
+ONE :class:`~prefect.client.orchestration.PrefectClient`, in one process, with bounded
+concurrency. When the Prefect server is down it keeps its cursor and catches up later.
+
+What a job becomes (flow ``apiary-job``, flow run named after the job id ``user~name``):
+
+==================  ===========================================================================
+event               Prefect
+==================  ===========================================================================
+job.submitted       flow run (Pending) unless the job came with ``flowRunId`` (a flow engine runs
+                    that one: the bridge attaches to it and never sets its state); task runs
+                    ``submit`` (Completed) and ``queue`` (Running, named "Waiting")
+job.waiting         ``queue`` for that attempt opened if needed; reason logged
+job.placed          ``queue`` Completed; task run ``placement`` (Completed) and a table artifact
+                    (key ``placement-<user>-<name>``: attempt, taskRole, index, node, gpus)
+task.started        flow run Running (first time); task run ``run-<taskRole>`` Running
+task.exited         instance output shipped as logs (``[train/0] ...``); ``run-<taskRole>`` ends
+                    Completed (all exit 0) or Failed once every placed instance of the role exited
+job.preempted       open runs of the attempt Cancelled (message: by, reason)
+job.retry           open runs of older attempts Failed; task run ``retry@N`` (Completed, message
+                    kind/reason/exitCode); ``queue@N`` opened for the new attempt
+job.stop_requested  logged
+job.completed       open runs closed; task run ``complete`` and the flow run (if the bridge owns
+                    it) Completed / Failed / Cancelled for SUCCEEDED / FAILED / STOPPED; a
+                    markdown summary artifact
+==================  ===========================================================================
+
+Task runs of attempt N > 0 carry the suffix ``@N`` (``run-train@1``) and the tag ``attempt:N``.
+
+Idempotence: ``state_path`` (JSON, replaced atomically) holds the cursor (every event with
+``seq <= cursor`` is done), per job the last seq done, its flow run id, open task run ids and
+log offsets. Task run ids are ``uuid5(job id, seq, step)``; flow runs are created with the
+idempotency key ``apiary:<job id>:<submitted seq>`` (the API does not take a flow run id), so a
+restarted bridge, or one that replays events after a crash, neither duplicates nor loses
+runs. Logs are at-least-once: output shipped just before a crash may be shipped again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from apiary.errors import ApiaryError, NotFoundError, UnavailableError
+from apiary.tracking.source import JobEventSource
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["FLOW_NAME", "PrefectBridge", "task_run_id"]
+
+FLOW_NAME = "apiary-job"
+STATE_VERSION = 1
+_NAMESPACE = uuid.UUID("6f1c1f3e-5b7a-4c0e-9a51-0a61a2b1e001")
+# One log row is capped so a runaway line cannot exceed the API's request limits.
+_MAX_LINE_CHARS = 8_000
+_MAX_BATCH_LINES = 500
+_MAX_BATCH_BYTES = 1_000_000
+_JOB_STATE_TO_PREFECT = {"SUCCEEDED": "COMPLETED", "FAILED": "FAILED", "STOPPED": "CANCELLED"}
+_TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+
+
+def task_run_id(job_id: str, seq: int, step: str) -> uuid.UUID:
+    """Deterministic task run id for the task run ``step`` created by event ``seq`` of ``job_id``."""
+    return uuid.uuid5(_NAMESPACE, f"{job_id}#{seq}#{step}")
+
+
+@dataclass
+class _TaskShape:
+    """The attributes ``PrefectClient.create_task_run`` reads from a ``prefect.Task``.
+
+    The bridge has no Python function to wrap, so it passes this instead of a Task.
+    """
+
+    task_key: str
+    tags: list[str] = field(default_factory=list)
+    version: str | None = None
+    retries: int = 0
+    retry_delay_seconds: int = 0
+    retry_jitter_factor: float | None = None
+
+
+class _Transient(Exception):
+    """Prefect or Apiary is unreachable or overloaded; retry the event later."""
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, _Transient | UnavailableError | httpx.TransportError | OSError | asyncio.TimeoutError):
+        return True
+    if isinstance(exc, httpx.HTTPStatusError):
+        return exc.response.status_code in _TRANSIENT_STATUS
+    return False
+
+
+def _iso(t: float | None) -> str:
+    return datetime.fromtimestamp(t if t is not None else time.time(), UTC).isoformat()
+
+
+def _artifact_key(job_id: str, prefix: str) -> str:
+    # Artifact keys allow only lowercase letters, digits and dashes.
+    return f"{prefix}-" + re.sub(r"[^a-z0-9-]+", "-", job_id.lower()).strip("-")
+
+
+def _suffix(attempt: int) -> str:
+    return f"@{attempt}" if attempt else ""
+
+
+class PrefectBridge:
+    """Replays Apiary job events into the Prefect API at ``prefect_api_url`` (``http://h:p/api``).
+
+    ``source`` is the Apiary side (:class:`~apiary.tracking.source.JobEventSource`);
+    ``state_path`` the JSON file that makes the bridge restartable. ``concurrency`` bounds how
+    many jobs are written at once (one HTTP connection each). ``log_interval_s`` is how often
+    the output of running instances is shipped (it is always shipped when they exit).
+    ``client_retries`` is ``PREFECT_CLIENT_MAX_RETRIES`` for the bridge's requests: the
+    client's own back-off is 2**n s, so it is kept low and the bridge backs off itself.
+
+    Never raises for an unreachable Prefect or Apiary: :meth:`sync_once` stops, keeps the
+    cursor and returns; a malformed event or a 4xx from Prefect is logged and skipped.
+    """
+
+    def __init__(
+        self,
+        source: JobEventSource,
+        prefect_api_url: str,
+        state_path: Path,
+        *,
+        concurrency: int = 8,
+        batch_size: int = 500,
+        log_interval_s: float = 10.0,
+        client_retries: int = 1,
+    ) -> None:
+        self.source = source
+        self.prefect_api_url = prefect_api_url.rstrip("/")
+        self.state_path = Path(state_path)
+        self.concurrency = concurrency
+        self.batch_size = batch_size
+        self.log_interval_s = log_interval_s
+        self.client_retries = client_retries
+        self.state: dict[str, Any] = self._load()
+        self._client: Any = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._flow_id: uuid.UUID | None = None
+        self._down_since: float | None = None
+        self._log_polled: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ state file
+
+    @property
+    def cursor(self) -> int:
+        """Seq of the last event done; every event with a smaller or equal seq is mirrored."""
+        return int(self.state["cursor"])
+
+    def _load(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.state_path.read_text())
+        except FileNotFoundError:
+            return {"version": STATE_VERSION, "cursor": 0, "jobs": {}}
+        if data.get("version") != STATE_VERSION:
+            raise ApiaryError(f"bridge state {self.state_path} has version={data.get('version')}")
+        return data
+
+    def _save(self) -> None:
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".bridge-", dir=self.state_path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.state, f, separators=(",", ":"))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.state_path)  # atomic: readers see the old or the new file
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    # ------------------------------------------------------------------ Prefect client
+
+    async def _prefect(self) -> Any:
+        from prefect.client.orchestration import PrefectClient
+
+        loop = asyncio.get_running_loop()
+        if self._client is not None and self._client_loop is not loop:
+            self._client = None  # bound to a loop that is gone (asyncio.run per call)
+        if self._client is None:
+            client = PrefectClient(api=self.prefect_api_url)
+            await client.__aenter__()
+            self._client, self._client_loop, self._flow_id = client, loop, None
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close the Prefect client (the bridge may be used again afterwards)."""
+        client, self._client = self._client, None
+        if client is not None and self._client_loop is asyncio.get_running_loop():
+            with contextlib.suppress(Exception):
+                await client.__aexit__(None, None, None)
+
+    async def _flow(self, client: Any) -> uuid.UUID:
+        if self._flow_id is None:
+            self._flow_id = await client.create_flow_from_name(FLOW_NAME)
+        return self._flow_id
+
+    # ------------------------------------------------------------------ main loop
+
+    async def sync_once(self) -> int:
+        """Mirror every pending event; return how many were processed (done or skipped).
+
+        Stops early, without raising, when Prefect or Apiary is unreachable; the cursor then
+        stays at the last event done and the next call resumes from there.
+        """
+        from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+        done = 0
+        with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: self.client_retries}):
+            try:
+                client = await self._prefect()
+                while True:
+                    events = await self.source.events(self.cursor, limit=self.batch_size)
+                    if not events:
+                        break
+                    n, complete = await self._process_batch(client, events)
+                    done += n
+                    self._save()
+                    if not complete:
+                        raise _Transient("batch stopped at a transient error")
+                await self._poll_running_logs(client)
+                self._prune()
+                self._save()
+                self._mark_up()
+            except Exception as exc:
+                if not _is_transient(exc):
+                    raise
+                self._mark_down(exc)
+        return done
+
+    async def run_forever(self, poll_s: float = 0.5, max_backoff_s: float = 5.0) -> None:
+        """Call :meth:`sync_once` every ``poll_s`` seconds until cancelled.
+
+        Backs off (doubling, capped at ``max_backoff_s``) while Prefect or Apiary is down and
+        logs unexpected errors instead of raising them.
+        """
+        delay = poll_s
+        try:
+            while True:
+                try:
+                    await self.sync_once()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    logger.exception("bridge sync failed; retrying delay_s=%.1f", delay)
+                    self._down_since = self._down_since or time.time()
+                delay = poll_s if self._down_since is None else min(max(delay * 2, poll_s), max_backoff_s)
+                await asyncio.sleep(delay)
+        finally:
+            await self.aclose()
+
+    def _mark_down(self, exc: BaseException) -> None:
+        if self._down_since is None:
+            self._down_since = time.time()
+            logger.warning("prefect or apiary unreachable; backing off cursor=%s error=%r", self.cursor, exc)
+        else:
+            logger.debug("still unreachable cursor=%s error=%r", self.cursor, exc)
+
+    def _mark_up(self) -> None:
+        if self._down_since is not None:
+            logger.info("reachable again after down_s=%.1f cursor=%s", time.time() - self._down_since, self.cursor)
+            self._down_since = None
+
+    async def _process_batch(self, client: Any, events: list[dict]) -> tuple[int, bool]:
+        """Process one batch, jobs in parallel, each job's events in order.
+
+        Returns (events processed, whether all were); advances the cursor to just before the
+        first event that failed transiently.
+        """
+        by_job: dict[str, list[dict]] = {}
+        for ev in events:
+            by_job.setdefault(ev["jobId"], []).append(ev)
+        sem = asyncio.Semaphore(self.concurrency)
+        failed: list[int] = []
+        counts: list[int] = []
+
+        async def run_job(job_events: list[dict]) -> None:
+            async with sem:
+                n = 0
+                for ev in job_events:
+                    try:
+                        await self._apply(client, ev)
+                    except Exception as exc:
+                        if _is_transient(exc):
+                            failed.append(ev["seq"])
+                            logger.debug("event deferred seq=%s job=%s error=%r", ev["seq"], ev["jobId"], exc)
+                            break
+                        logger.error(
+                            "event skipped seq=%s job=%s type=%s error=%r", ev["seq"], ev["jobId"], ev["type"], exc
+                        )
+                        self._job(ev["jobId"])["lastSeq"] = ev["seq"]
+                    n += 1
+                counts.append(n)
+
+        await asyncio.gather(*(run_job(evs) for evs in by_job.values()))
+        self.state["cursor"] = (min(failed) - 1) if failed else events[-1]["seq"]
+        return sum(counts), not failed
+
+    # ------------------------------------------------------------------ per-job state
+
+    def _job(self, job_id: str) -> dict[str, Any]:
+        return self.state["jobs"].setdefault(
+            job_id,
+            {"flowRunId": None, "owned": True, "lastSeq": 0, "done": False, "running": False,
+             "open": {}, "inst": {}, "logOff": {}, "user": None},
+        )
+
+    def _prune(self) -> None:
+        """Finished jobs whose events are all behind the cursor shrink to a tombstone."""
+        for job_id, job in self.state["jobs"].items():
+            if job.get("done") and job["lastSeq"] <= self.cursor and "inst" in job:
+                self.state["jobs"][job_id] = {"flowRunId": job["flowRunId"], "lastSeq": job["lastSeq"], "done": True}
+
+    # ------------------------------------------------------------------ event handlers
+
+    async def _apply(self, client: Any, ev: dict) -> None:
+        job_id, seq, kind = ev["jobId"], int(ev["seq"]), ev["type"]
+        job = self._job(job_id)
+        if seq <= job["lastSeq"]:
+            return  # replayed after a crash or a partial batch: already mirrored
+        if job.get("done"):
+            job["lastSeq"] = seq
+            return
+        if kind != "job.submitted" and not job["flowRunId"]:
+            await self._bootstrap(client, job_id, job, ev)
+        handler = getattr(self, "_on_" + kind.replace(".", "_"), None)
+        if handler is None:
+            logger.info("event type not mirrored seq=%s job=%s type=%s", seq, job_id, kind)
+            await self._log(client, job, ev, f"{kind} {ev.get('data') or {}}")
+        else:
+            await handler(client, job_id, job, ev, ev.get("data") or {})
+        job["lastSeq"] = seq
+
+    async def _bootstrap(self, client: Any, job_id: str, job: dict, ev: dict) -> None:
+        """The bridge missed ``job.submitted`` (its state was lost): rebuild it from the job."""
+        try:
+            info = await self.source.job(job_id)
+        except NotFoundError:
+            info = {"user": job_id.split("~")[0], "name": job_id.split("~")[-1]}
+        data = {k: info.get(k) for k in ("user", "name", "virtualCluster", "priorityClass", "flowRunId")}
+        await self._on_job_submitted(client, job_id, job, {**ev, "seq": 0, "type": "job.submitted"}, data)
+
+    async def _on_job_submitted(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
+        from prefect.client.schemas.actions import FlowRunCreate
+        from prefect.exceptions import ObjectNotFound
+        from prefect.states import Pending, to_state_create
+
+        seq, t = ev["seq"], ev.get("time")
+        user = d.get("user") or job_id.split("~")[0]
+        job["user"] = user
+        given = d.get("flowRunId")
+        if given:
+            try:
+                await client.read_flow_run(uuid.UUID(str(given)))
+                job["flowRunId"], job["owned"] = str(given), False
+            except (ObjectNotFound, ValueError):
+                logger.warning("job=%s names flow run id=%s that Prefect lacks; creating one", job_id, given)
+        if not job["flowRunId"]:
+            message = f"submitted by {user} to virtualCluster={d.get('virtualCluster')}"
+            create = FlowRunCreate(
+                flow_id=await self._flow(client),
+                name=job_id,
+                parameters={},
+                tags=self._tags(d, user),
+                labels={"apiary.job": job_id, "apiary.user": user},
+                state=to_state_create(Pending(message=message)),
+                idempotency_key=f"apiary:{job_id}:{seq}",
+            )
+            # create_flow_run() takes no idempotency key; this is the same POST with one.
+            resp = await client.request(
+                "POST", "/flow_runs/", json=create.model_dump(mode="json", exclude_unset=True)
+            )
+            job["flowRunId"], job["owned"] = str(resp.json()["id"]), True
+            await self.source.set_flow_run(job_id, job["flowRunId"])
+        job.setdefault("tags", self._tags(d, user))
+        await self._task(client, job_id, job, ev, "submit", "submit", "COMPLETED",
+                         f"submitted at {_iso(t)} user={user} priorityClass={d.get('priorityClass')}")
+        await self._open(client, job_id, job, ev, "queue:0", "queue", "Waiting", "waiting for placement")
+        await self._log(client, job, ev, f"job.submitted user={user} virtualCluster={d.get('virtualCluster')} "
+                                         f"priorityClass={d.get('priorityClass')} flowRunId={job['flowRunId']}")
+
+    async def _on_job_waiting(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
+        attempt = int(d.get("attempt", 0))
+        key = f"queue:{attempt}"
+        if key not in job["open"]:
+            await self._open(client, job_id, job, ev, key, f"queue{_suffix(attempt)}", "Waiting",
+                             f"waiting: {d.get('reason')}", attempt)
+        await self._log(client, job, ev, f"job.waiting attempt={attempt} reason={d.get('reason')}")
+
+    async def _on_job_placed(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
+        from prefect.client.schemas.actions import ArtifactCreate
+
+        attempt = int(d.get("attempt", 0))
+        placements = list(d.get("placements") or [])
+        where = ", ".join(f"{p['taskRole']}/{p['index']}->{p['node']}{p.get('gpus')}" for p in placements)
+        await self._close(client, job, f"queue:{attempt}", "COMPLETED", f"placed: {where}")
+        for p in placements:
+            inst = job["inst"].setdefault(f"{attempt}/{p['taskRole']}/{p['index']}", {})
+            inst.update({"node": p.get("node"), "gpus": p.get("gpus")})
+        step = f"placement{_suffix(attempt)}"
+        tr = await self._task(client, job_id, job, ev, step, step, "COMPLETED", f"attempt {attempt}: {where}", attempt)
+        rows = [
+            {"attempt": attempt, "taskRole": p["taskRole"], "index": p["index"], "node": p.get("node"),
+             "gpus": ",".join(str(g) for g in p.get("gpus") or [])}
+            for p in placements
+        ]
+        await self._artifact(client, ArtifactCreate(
+            key=_artifact_key(job_id, "placement"), type="table", data=rows,
+            description=f"Placement of {job_id}, attempt {attempt}",
+            flow_run_id=uuid.UUID(job["flowRunId"]), task_run_id=tr,
+        ))
+        await self._log(client, job, ev, f"job.placed attempt={attempt} {where}")
+
+    async def _on_task_started(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
+        from prefect.states import Running
+
+        attempt, role, index = int(d.get("attempt", 0)), d["taskRole"], int(d["index"])
+        if job["owned"] and not job["running"]:
+            await client.set_flow_run_state(uuid.UUID(job["flowRunId"]),
+                                            Running(message=f"{role}/{index} started"), force=True)
+        job["running"] = True
+        inst = job["inst"].setdefault(f"{attempt}/{role}/{index}", {})
+        inst.update({"started": True, "node": d.get("node"), "gpus": d.get("gpus")})
+        key = f"run:{role}:{attempt}"
+        if key not in job["open"] and key not in job.setdefault("closed", []):
+            await self._open(client, job_id, job, ev, key, f"run-{role}{_suffix(attempt)}", "Running",
+                             f"{role} running", attempt)
+        await self._log(client, job, ev, f"task.started attempt={attempt} {role}/{index} "
+                                         f"node={d.get('node')} gpus={d.get('gpus')}")
+
+    async def _on_task_exited(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
+        attempt, role, index = int(d.get("attempt", 0)), d["taskRole"], int(d["index"])
+        code = d.get("exitCode")
+        inst = job["inst"].setdefault(f"{attempt}/{role}/{index}", {})
+        inst.update({"started": True, "exit": code})
+        await self._ship_instance(client, job_id, job, attempt, role, index, final=True, t=ev.get("time"))
+        await self._log(client, job, ev, f"task.exited attempt={attempt} {role}/{index} exitCode={code} "
+                                         f"phrase={d.get('phrase')}")
+        mine = [v for k, v in job["inst"].items() if k.startswith(f"{attempt}/{role}/")]
+        if all("exit" in v for v in mine):
+            codes = [v["exit"] for v in mine]
+            ok = all(c == 0 for c in codes)
+            await self._close(client, job, f"run:{role}:{attempt}", "COMPLETED" if ok else "FAILED",
+                              f"{role}: {len(codes)} instance(s) exited, exit codes {codes}")
+
+    async def _on_job_preempted(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
+        attempt = int(d.get("attempt", 0))
+        msg = f"preempted by {d.get('by')}: {d.get('reason')}"
+        await self._end_attempts(client, job_id, job, attempt + 1, "CANCELLED", msg, ev.get("time"))
+        await self._log(client, job, ev, f"job.preempted attempt={attempt} by={d.get('by')} reason={d.get('reason')}",
+                        level=logging.WARNING)
+
+    async def _on_job_retry(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
+        attempt = int(d.get("attempt", 0))
+        msg = f"attempt {attempt - 1} failed ({d.get('kind')}): {d.get('reason')} exitCode={d.get('exitCode')}"
+        await self._end_attempts(client, job_id, job, attempt, "FAILED", msg, ev.get("time"))
+        await self._task(client, job_id, job, ev, f"retry@{attempt}", f"retry@{attempt}", "COMPLETED",
+                         f"retry kind={d.get('kind')} reason={d.get('reason')} exitCode={d.get('exitCode')}", attempt)
+        key = f"queue:{attempt}"
+        if key not in job["open"]:
+            await self._open(client, job_id, job, ev, key, f"queue{_suffix(attempt)}", "Waiting",
+                             "waiting for placement after retry", attempt)
+        await self._log(client, job, ev, f"job.retry attempt={attempt} kind={d.get('kind')} "
+                                         f"reason={d.get('reason')} exitCode={d.get('exitCode')}",
+                        level=logging.WARNING)
+
+    async def _on_job_stop_requested(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
+        await self._log(client, job, ev, "job.stop_requested", level=logging.WARNING)
+
+    async def _on_job_completed(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
+        from prefect.client.schemas.actions import ArtifactCreate
+        from prefect.states import State
+
+        apiary_state = str(d.get("state", "FAILED")).upper()
+        ptype = _JOB_STATE_TO_PREFECT.get(apiary_state, "FAILED")
+        msg = f"job {apiary_state} exitCode={d.get('exitCode')} attempt={d.get('attempt')}"
+        await self._end_attempts(client, job_id, job, 10**9, ptype, msg, ev.get("time"))
+        tr = await self._task(client, job_id, job, ev, "complete", "complete", ptype, msg)
+        retries = [k for k in job["inst"] if not k.startswith("0/")]
+        table = "\n".join(
+            f"| {k.split('/')[0]} | {k.split('/')[1]} | {k.split('/')[2]} | {v.get('node')} | {v.get('gpus')} "
+            f"| {v.get('exit')} |"
+            for k, v in sorted(job["inst"].items())
+        )
+        await self._artifact(client, ArtifactCreate(
+            key=_artifact_key(job_id, "job"), type="markdown",
+            description=f"Summary of {job_id}",
+            data=(f"# {job_id}: {apiary_state}\n\nexit code `{d.get('exitCode')}`, attempt {d.get('attempt')}, "
+                  f"{len({k.split('/')[0] for k in retries})} retried attempt(s)\n\n"
+                  "| attempt | taskRole | index | node | gpus | exitCode |\n|---|---|---|---|---|---|\n" + table),
+            flow_run_id=uuid.UUID(job["flowRunId"]), task_run_id=tr,
+        ))
+        await self._log(client, job, ev, f"job.completed {msg}",
+                        level=logging.INFO if apiary_state == "SUCCEEDED" else logging.ERROR)
+        if job["owned"]:
+            await client.set_flow_run_state(uuid.UUID(job["flowRunId"]), State(type=ptype, message=msg), force=True)
+        job["done"] = True
+
+    # ------------------------------------------------------------------ building blocks
+
+    @staticmethod
+    def _tags(d: dict, user: str) -> list[str]:
+        tags = ["apiary", f"user:{user}"]
+        if d.get("virtualCluster"):
+            tags.append(f"vc:{d['virtualCluster']}")
+        if d.get("priorityClass"):
+            tags.append(f"priority:{d['priorityClass']}")
+        return tags
+
+    async def _create_task_run(self, client: Any, job_id: str, job: dict, ev: dict, step: str, name: str,
+                               state: Any, attempt: int) -> uuid.UUID:
+        tid = task_run_id(job_id, int(ev["seq"]), step)
+        shape = _TaskShape(task_key=f"apiary.{name.split('@')[0]}",
+                           tags=[*job.get("tags", ["apiary"]), f"attempt:{attempt}"])
+        await client.create_task_run(shape, uuid.UUID(job["flowRunId"]), dynamic_key=f"{ev['seq']}:{step}",
+                                     id=tid, name=name, state=state)
+        return tid
+
+    async def _task(self, client: Any, job_id: str, job: dict, ev: dict, step: str, name: str, ptype: str,
+                    message: str, attempt: int = 0) -> uuid.UUID:
+        """A task run that happens at once: created Running, then set to ``ptype``."""
+        from prefect.states import Running, State
+
+        tid = await self._create_task_run(client, job_id, job, ev, step, name, Running(), attempt)
+        await client.set_task_run_state(tid, State(type=ptype, message=message), force=True)
+        return tid
+
+    async def _open(self, client: Any, job_id: str, job: dict, ev: dict, key: str, name: str, state_name: str,
+                    message: str, attempt: int = 0) -> None:
+        from prefect.states import Running
+
+        tid = await self._create_task_run(client, job_id, job, ev, key, name,
+                                          Running(name=state_name, message=message), attempt)
+        job["open"][key] = str(tid)
+
+    async def _close(self, client: Any, job: dict, key: str, ptype: str, message: str) -> None:
+        from prefect.states import State
+
+        tid = job["open"].get(key)
+        if tid is None:
+            return
+        await client.set_task_run_state(uuid.UUID(tid), State(type=ptype, message=message), force=True)
+        del job["open"][key]
+        if key.startswith("run:"):
+            job.setdefault("closed", []).append(key)
+
+    async def _end_attempts(self, client: Any, job_id: str, job: dict, before: int, ptype: str, message: str,
+                            t: float | None) -> None:
+        """Ship output and close every open task run of attempts ``< before``.
+
+        A role run whose instances all exited 0 still ends Completed.
+        """
+        for key, inst in list(job["inst"].items()):
+            attempt, role, index = key.split("/")
+            if int(attempt) < before and inst.get("started") and not inst.get("shipped"):
+                await self._ship_instance(client, job_id, job, int(attempt), role, int(index), final=True, t=t)
+        for key in list(job["open"]):
+            attempt = int(key.rsplit(":", 1)[1])
+            if attempt >= before:
+                continue
+            if key.startswith("run:") and ptype != "COMPLETED":
+                role = key.split(":")[1]
+                mine = [v for k, v in job["inst"].items() if k.startswith(f"{attempt}/{role}/")]
+                if mine and all(v.get("exit") == 0 for v in mine):
+                    await self._close(client, job, key, "COMPLETED", f"{role}: all instances exited 0")
+                    continue
+            await self._close(client, job, key, ptype, message)
+
+    async def _log(self, client: Any, job: dict, ev: dict, message: str, level: int = logging.INFO) -> None:
+        await client.create_logs([{
+            "name": "apiary.events", "level": level, "message": message,
+            "timestamp": _iso(ev.get("time")), "flow_run_id": job["flowRunId"], "task_run_id": None,
+        }])
+
+    async def _artifact(self, client: Any, artifact: Any) -> None:
+        # Same request as client.create_artifact(), without the client-side "artifact created"
+        # event: that would start a second (websocket) connection to PREFECT_API_URL.
+        await client.request("POST", "/artifacts/", json=artifact.model_dump(mode="json", exclude_unset=True))
+
+    async def _ship_instance(self, client: Any, job_id: str, job: dict, attempt: int, role: str, index: int,
+                             final: bool, t: float | None = None) -> int:
+        """Ship one instance's new stdout/stderr to the flow run's logs; return lines shipped.
+
+        Lines are prefixed ``[role/index]`` (stderr lines come from logger ``apiary.job.stderr``).
+        While running only complete lines are shipped (the offset stops at the last newline);
+        ``final`` ships the rest too.
+        """
+        run_tid = job["open"].get(f"run:{role}:{attempt}")
+        rows: list[dict] = []
+        new_offsets: dict[str, int] = {}
+        stamp = _iso(t)
+        for stream in ("stdout", "stderr"):
+            okey = f"{attempt}/{role}/{index}/{stream}"
+            off = int(job["logOff"].get(okey, 0))
+            text = await self.source.logs(job_id, role, index, attempt, stream, offset=off)
+            if not final:
+                cut = text.rfind("\n")
+                text = text[: cut + 1] if cut >= 0 else ""
+            if not text:
+                continue
+            new_offsets[okey] = off + len(text.encode())
+            prefix = f"[{role}/{index}]" + (f"@{attempt}" if attempt else "")
+            for line in text.splitlines():
+                rows.append({
+                    "name": f"apiary.job.{stream}", "level": logging.INFO,
+                    "message": f"{prefix} {line[:_MAX_LINE_CHARS]}", "timestamp": stamp,
+                    "flow_run_id": job["flowRunId"], "task_run_id": run_tid,
+                })
+        for batch in _batches(rows):
+            await client.create_logs(batch)
+        job["logOff"].update(new_offsets)
+        if final:
+            job["inst"].setdefault(f"{attempt}/{role}/{index}", {})["shipped"] = True
+        return len(rows)
+
+    async def _poll_running_logs(self, client: Any) -> None:
+        """Ship complete output lines of running instances, at most every ``log_interval_s``."""
+        now = time.monotonic()
+        todo = []
+        for job_id, job in self.state["jobs"].items():
+            if job.get("done") or not job.get("running"):
+                continue
+            if now - self._log_polled.get(job_id, 0.0) < self.log_interval_s:
+                continue
+            self._log_polled[job_id] = now
+            for key, inst in job["inst"].items():
+                if inst.get("started") and "exit" not in inst:
+                    attempt, role, index = key.split("/")
+                    todo.append((job_id, job, int(attempt), role, int(index)))
+        sem = asyncio.Semaphore(self.concurrency)
+
+        async def one(item: tuple) -> None:
+            async with sem:
+                await self._ship_instance(client, item[0], item[1], item[2], item[3], item[4], final=False)
+
+        await asyncio.gather(*(one(i) for i in todo))
+
+
+def _batches(rows: Iterable[dict]) -> Iterable[list[dict]]:
+    batch: list[dict] = []
+    size = 0
+    for row in rows:
+        n = len(row["message"]) + 200
+        if batch and (len(batch) >= _MAX_BATCH_LINES or size + n > _MAX_BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(row)
+        size += n
+    if batch:
+        yield batch

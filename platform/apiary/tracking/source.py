@@ -1,0 +1,204 @@
+"""How the Prefect bridge reads Apiary: the :class:`JobEventSource` interface and two implementations.
+
+* :class:`HttpEventSource` talks to Apiary's REST API (``/api/v2``) with ``httpx``;
+* :class:`MemoryEventSource` is an in-memory test double (tests and demos feed it events).
+
+Event shape (the REST contract, ``GET /api/v2/events``): ``{"seq": int, "time": float unix
+seconds, "jobId": "user~name", "type": str, "data": dict}``, ordered by ``seq``. Types:
+``job.submitted``, ``job.waiting``, ``job.placed``, ``task.started``, ``task.exited``,
+``job.preempted``, ``job.retry``, ``job.stop_requested``, ``job.completed`` (see
+:mod:`apiary.tracking.bridge` for what each becomes in Prefect).
+
+Errors: implementations raise :class:`~apiary.errors.UnavailableError` when Apiary cannot be
+reached or answers 5xx (the bridge retries later), :class:`~apiary.errors.NotFoundError` for
+an unknown job and :class:`~apiary.errors.UserError` for other 4xx answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Protocol, runtime_checkable
+
+import httpx
+
+from apiary.errors import NotFoundError, UnavailableError, UserError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["HttpEventSource", "JobEventSource", "MemoryEventSource"]
+
+API_PREFIX = "/api/v2"
+FLOW_RUN_HEADER = "X-Apiary-Flow-Run-Id"
+USER_HEADER = "X-Apiary-User"
+
+
+@runtime_checkable
+class JobEventSource(Protocol):
+    """What the bridge needs from Apiary. All methods are coroutines."""
+
+    async def events(self, after: int, limit: int = 500) -> list[dict]:
+        """Events with ``seq > after``, ordered by ``seq``, at most ``limit``."""
+        ...
+
+    async def job(self, job_id: str) -> dict:
+        """The job JSON of ``GET /api/v2/jobs/{id}``."""
+        ...
+
+    async def logs(
+        self, job_id: str, task_role: str, index: int, attempt: int, stream: str, offset: int = 0
+    ) -> str:
+        """Text of one task instance's ``stream`` ("stdout" | "stderr") from byte ``offset`` on."""
+        ...
+
+    async def set_flow_run(self, job_id: str, flow_run_id: str) -> None:
+        """Record the Prefect flow run id of a job (``PUT /api/v2/jobs/{id}/flowRun``)."""
+        ...
+
+
+def _raise_for(resp: httpx.Response, what: str) -> None:
+    if resp.status_code < 400:
+        return
+    try:
+        body = resp.json()
+        message = body.get("message") or resp.text
+    except ValueError:
+        message = resp.text
+    if resp.status_code == 404:
+        raise NotFoundError(f"{what}: {message}")
+    if resp.status_code >= 500:
+        raise UnavailableError(f"{what}: HTTP {resp.status_code}: {message}")
+    raise UserError(f"{what}: HTTP {resp.status_code}: {message}")
+
+
+class HttpEventSource:
+    """:class:`JobEventSource` over Apiary's REST API at ``api_url`` (``http://host:port``).
+
+    ``api_url`` may or may not end in ``/api/v2``. One ``httpx.AsyncClient`` per instance,
+    created lazily in the running event loop; call :meth:`aclose` when done.
+    """
+
+    def __init__(self, api_url: str, timeout_s: float = 10.0, user: str = "prefect-bridge") -> None:
+        base = api_url.rstrip("/")
+        if base.endswith(API_PREFIX):
+            base = base[: -len(API_PREFIX)]
+        self.base_url = base
+        self.timeout_s = timeout_s
+        self.user = user
+        self._client: httpx.AsyncClient | None = None
+        self._loop: Any = None
+
+    def _http(self) -> httpx.AsyncClient:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            # A client is bound to the loop it was made in; tests run several loops.
+            self._client = httpx.AsyncClient(
+                base_url=self.base_url + API_PREFIX,
+                timeout=self.timeout_s,
+                headers={USER_HEADER: self.user},
+            )
+            self._loop = loop
+        return self._client
+
+    async def _request(self, method: str, path: str, what: str, **kw: Any) -> httpx.Response:
+        try:
+            resp = await self._http().request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise UnavailableError(f"{what}: apiary unreachable at {self.base_url}: {exc!r}") from exc
+        _raise_for(resp, what)
+        return resp
+
+    async def events(self, after: int, limit: int = 500) -> list[dict]:
+        resp = await self._request(
+            "GET", "/events", f"events after={after}", params={"after": after, "limit": limit}
+        )
+        return list(resp.json().get("events", []))
+
+    async def job(self, job_id: str) -> dict:
+        resp = await self._request("GET", f"/jobs/{job_id}", f"job id={job_id}")
+        return resp.json()
+
+    async def logs(
+        self, job_id: str, task_role: str, index: int, attempt: int, stream: str, offset: int = 0
+    ) -> str:
+        params = {"taskRole": task_role, "index": index, "attempt": attempt, "stream": stream, "offset": offset}
+        try:
+            resp = await self._request(
+                "GET", f"/jobs/{job_id}/logs", f"logs job={job_id} {task_role}/{index}", params=params
+            )
+        except NotFoundError:
+            return ""  # no output (yet) for this instance
+        return resp.text
+
+    async def set_flow_run(self, job_id: str, flow_run_id: str) -> None:
+        await self._request("PUT", f"/jobs/{job_id}/flowRun", f"flowRun job={job_id}", json={"id": flow_run_id})
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+class MemoryEventSource:
+    """In-memory :class:`JobEventSource`: a TEST DOUBLE, not a store.
+
+    Feed it with :meth:`emit` (events get the next ``seq``), :meth:`set_job` and
+    :meth:`write_log`; it records :meth:`set_flow_run` calls in ``flow_runs``. Set
+    ``fail`` to an exception to make every call raise it (Apiary down).
+    """
+
+    def __init__(self) -> None:
+        self._events: list[dict] = []
+        self._jobs: dict[str, dict] = {}
+        self._logs: dict[tuple[str, str, int, int, str], bytes] = {}
+        self.flow_runs: dict[str, str] = {}
+        self.fail: Exception | None = None
+
+    def emit(self, job_id: str, type: str, data: dict | None = None, time_s: float | None = None) -> dict:
+        """Append an event and return it (``seq`` starts at 1)."""
+        event = {
+            "seq": len(self._events) + 1,
+            "time": time.time() if time_s is None else time_s,
+            "jobId": job_id,
+            "type": type,
+            "data": dict(data or {}),
+        }
+        self._events.append(event)
+        return event
+
+    def set_job(self, job: dict) -> None:
+        self._jobs[job["id"]] = dict(job)
+
+    def write_log(self, job_id: str, task_role: str, index: int, attempt: int, stream: str, text: str) -> None:
+        """Append ``text`` to an instance's stream (as UTF-8 bytes, like a log file)."""
+        key = (job_id, task_role, index, attempt, stream)
+        self._logs[key] = self._logs.get(key, b"") + text.encode()
+
+    def _check(self) -> None:
+        if self.fail is not None:
+            raise self.fail
+
+    async def events(self, after: int, limit: int = 500) -> list[dict]:
+        self._check()
+        return [dict(e) for e in self._events if e["seq"] > after][:limit]
+
+    async def job(self, job_id: str) -> dict:
+        self._check()
+        if job_id not in self._jobs:
+            raise NotFoundError(f"job id={job_id} not found")
+        return dict(self._jobs[job_id])
+
+    async def logs(
+        self, job_id: str, task_role: str, index: int, attempt: int, stream: str, offset: int = 0
+    ) -> str:
+        self._check()
+        data = self._logs.get((job_id, task_role, index, attempt, stream), b"")
+        return data[offset:].decode(errors="replace")
+
+    async def set_flow_run(self, job_id: str, flow_run_id: str) -> None:
+        self._check()
+        self.flow_runs[job_id] = flow_run_id
+        if job_id in self._jobs:
+            self._jobs[job_id]["flowRunId"] = flow_run_id

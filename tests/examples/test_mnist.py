@@ -1,0 +1,68 @@
+"""examples/mnist/main.py: the program Lab 6's job commands run."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MAIN = ROOT / "examples" / "mnist" / "main.py"
+EPOCH_RE = re.compile(r"^epoch (\d+)/(\d+) loss=(\d+\.\d+) train_acc=(\d\.\d+) test_acc=(\d\.\d+)$")
+
+
+def run(*args: str, gpus: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpus
+    return subprocess.run(
+        [sys.executable, str(MAIN), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def epoch_lines(stdout: str) -> list[re.Match[str]]:
+    return [m for line in stdout.splitlines() if (m := EPOCH_RE.match(line))]
+
+
+def test_two_epochs_print_one_line_each_and_exit_zero() -> None:
+    proc = run("--epochs", "2", "--lr", "0.01", "--batch-size", "64", gpus="0,1")
+    assert proc.returncode == 0, proc.stderr
+    lines = epoch_lines(proc.stdout)
+    assert [(m[1], m[2]) for m in lines] == [("1", "2"), ("2", "2")]
+    assert "CUDA_VISIBLE_DEVICES: 0,1" in proc.stdout and "CPU" in proc.stdout
+
+
+def test_ten_epochs_at_lr_0_1_learn_the_digits() -> None:
+    proc = run("--epochs", "10", "--lr", "0.1", "--batch-size", "64")
+    assert proc.returncode == 0, proc.stderr
+    lines = epoch_lines(proc.stdout)
+    assert len(lines) == 10
+    assert float(lines[-1][5]) > 0.90
+    assert float(lines[-1][3]) < float(lines[0][3])  # the loss went down
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--epochs", "0"], "--epochs"),
+        (["--lr", "abc"], "--lr"),
+        (["--lr", "-1"], "--lr"),
+        (["--batch-size", "1.5"], "--batch-size"),
+        (["--bogus"], "unrecognized"),
+    ],
+)
+def test_bad_arguments_exit_non_zero_with_a_message(args: list[str], message: str) -> None:
+    proc = run(*args)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+
+
+def test_diverging_loss_exits_non_zero() -> None:
+    proc = run("--epochs", "1", "--lr", "1e300")
+    assert proc.returncode == 1
+    assert "diverged" in proc.stderr
