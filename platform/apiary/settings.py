@@ -36,7 +36,7 @@ class Settings(BaseSettings):
 
     @property
     def logs_dir(self) -> Path:
-        return self.home_dir / "logs"
+        return self.home_dir / "task-logs"
 
     @property
     def run_dir(self) -> Path:

@@ -241,6 +241,15 @@ def test_missing_bash_is_a_platform_error(backend: ProcessBackend, monkeypatch: 
     monkeypatch.setattr("apiary.runtime.process.shutil.which", lambda name: None)
     with pytest.raises(PlatformError, match="bash"):
         backend.launch(task("nobash", "true"))
+    assert backend.status("nobash") is None  # nothing started, nothing recorded: a retry may launch
+
+
+def test_bad_workdir_and_gpus_start_nothing(backend: ProcessBackend, tmp_path: Path) -> None:
+    with pytest.raises(PlatformError, match="workdir"):
+        backend.launch(task("nodir", "true", workdir=str(tmp_path / "missing")))
+    with pytest.raises(ValidationError, match="gpus"):
+        backend.launch(task("badgpu", "true", gpus=[-1]))
+    assert backend.list() == []
 
 
 def test_pid_reuse_is_not_mistaken_for_the_task(backend: ProcessBackend, state_dir: Path) -> None:

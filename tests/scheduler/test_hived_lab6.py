@@ -21,12 +21,26 @@ def sched(which: str) -> HivedScheduler:
     return HivedScheduler(load_cluster_config(LAB6 / f"hived-config-{which}.yaml"))
 
 
-def job(name: str, vc: str, cls: str, instances: int = 1, gang: bool = True, gpu: int = 1,
-        cpu: float = 2, mem: int = 4096, sku: str | None = None, pinned: str | None = None,
-        pending=None) -> GroupRequest:
+def job(
+    name: str,
+    vc: str,
+    cls: str,
+    instances: int = 1,
+    gang: bool = True,
+    gpu: int = 1,
+    cpu: float = 2,
+    mem: int = 4096,
+    sku: str | None = None,
+    pinned: str | None = None,
+    pending=None,
+) -> GroupRequest:
     return GroupRequest(
-        name=f"alice~{name}", virtual_cluster=vc, priority=PRIO[cls], gang=gang,
-        tasks=(TaskRequest("train", instances, gpu, cpu, mem, sku, pinned),), pending=pending,
+        name=f"alice~{name}",
+        virtual_cluster=vc,
+        priority=PRIO[cls],
+        gang=gang,
+        tasks=(TaskRequest("train", instances, gpu, cpu, mem, sku, pinned),),
+        pending=pending,
     )
 
 
@@ -78,7 +92,9 @@ def test_prod_preempts_test_in_vc1_and_gets_the_reserved_cell():
     assert d2.kind == "place" and nodes_of(s, p.name) == ["hostname-dan"]
     w = s.schedule(t)
     assert w.kind == "wait"
-    assert "used by alice~job-config-2 (prod, priority 100) which this job (test, 10) cannot preempt" in w.reason
+    assert (
+        "used by alice~job-config-2 (prod, priority 100) which this job (test, 10) cannot preempt" in w.reason
+    )
 
 
 def test_equal_priority_never_preempts():
@@ -176,16 +192,36 @@ def test_non_gang_four_instances_accepted_and_placed_two_at_a_time():
     "req, error, field",
     [
         pytest.param(job("x", "nope", "prod"), ValidationError, "defaults.virtualCluster", id="unknown-vc"),
-        pytest.param(job("x", "vc1", "prod", sku="GPU-X"), ValidationError,
-                     "extras.hivedScheduler.taskRoles.train.skuType", id="unknown-sku"),
-        pytest.param(job("x", "vc1", "prod", sku="GPU-C"), ValidationError,
-                     "taskRoles.train.resourcePerInstance", id="sku-of-other-vc"),
-        pytest.param(job("x", "vc1", "prod", pinned="p1"), ValidationError,
-                     "extras.hivedScheduler.taskRoles.train.pinnedCellId", id="unknown-pinned"),
-        pytest.param(job("x", "vc1", "prod", gpu=2, gang=False), ValidationError,
-                     "taskRoles.train.resourcePerInstance", id="task-bigger-than-node"),
-        pytest.param(job("x", "vc1", "prod", cpu=3, gang=False), ValidationError,
-                     "taskRoles.train.resourcePerInstance", id="cpu-needs-two-leaf-cells"),
+        pytest.param(
+            job("x", "vc1", "prod", sku="GPU-X"),
+            ValidationError,
+            "extras.hivedScheduler.taskRoles.train.skuType",
+            id="unknown-sku",
+        ),
+        pytest.param(
+            job("x", "vc1", "prod", sku="GPU-C"),
+            ValidationError,
+            "taskRoles.train.resourcePerInstance",
+            id="sku-of-other-vc",
+        ),
+        pytest.param(
+            job("x", "vc1", "prod", pinned="p1"),
+            ValidationError,
+            "extras.hivedScheduler.taskRoles.train.pinnedCellId",
+            id="unknown-pinned",
+        ),
+        pytest.param(
+            job("x", "vc1", "prod", gpu=2, gang=False),
+            ValidationError,
+            "taskRoles.train.resourcePerInstance",
+            id="task-bigger-than-node",
+        ),
+        pytest.param(
+            job("x", "vc1", "prod", cpu=3, gang=False),
+            ValidationError,
+            "taskRoles.train.resourcePerInstance",
+            id="cpu-needs-two-leaf-cells",
+        ),
         pytest.param(job("x", "vc1", "prod", instances=2), QuotaExceededError, None, id="gang-over-vc"),
     ],
 )

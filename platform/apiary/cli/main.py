@@ -55,6 +55,8 @@ def _logging(verbose: bool = False) -> None:
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    # One line per HTTP request from agents and the bridge drowns the useful lines.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def _fail(e: ApiaryError) -> None:

@@ -199,11 +199,14 @@ class ProcessBackend(RuntimeBackend):
     def launch(self, task: TaskLaunch) -> TaskStatus:
         """Spawn ``task`` as ``bash wrapper.sh`` in a new session; see :meth:`RuntimeBackend.launch`.
 
-        Idempotent via ``os.mkdir(state_dir/<run_id>)``: if the directory exists, the existing
-        run's status is returned and nothing is started. The directory and ``launch.json`` are
-        written before spawning, so a crash or a spawn failure leaves a record that reads back
-        as lost and is never retried. Raises :class:`ValidationError` for a bad ``run_id`` and
-        :class:`PlatformError` when bash is missing, ``workdir`` does not exist or spawning fails.
+        Idempotent: if ``state_dir/<run_id>/`` exists, that run's status is returned and nothing
+        is started. Otherwise the prerequisites are checked (bash on PATH, ``workdir`` exists,
+        valid ``gpus``) -- failing them raises and leaves no record, so a retry may launch.
+        Then the directory (``os.mkdir``, exclusive) and ``launch.json`` are written BEFORE
+        spawning, so a crash or a spawn failure from here on leaves a record that reads back as
+        lost and is never started. Raises :class:`ValidationError` for a bad ``run_id``,
+        ``commands`` or ``gpus`` and :class:`PlatformError` when bash is missing, ``workdir`` is
+        not a directory, or writing the record or spawning fails.
         """
         if not _valid_run_id(task.run_id):
             raise ValidationError(
@@ -215,18 +218,28 @@ class ProcessBackend(RuntimeBackend):
             raise ValidationError("commands", "must be a list of strings")
         with self._lock:
             run_dir = self.state_dir / task.run_id
+            existing = self.status(task.run_id)
+            if existing is not None:
+                return existing
+            # Prerequisites first: failing here starts nothing and leaves no record.
+            bash = shutil.which("bash")
+            if bash is None:
+                raise PlatformError(f"cannot launch {task.run_id}: bash is not on the agent's PATH")
+            cwd = task.workdir or os.getcwd()
+            if not os.path.isdir(cwd):
+                raise PlatformError(f"cannot launch {task.run_id}: workdir {cwd} is not a directory")
+            env = _base_env()
+            env.update(task.env)
+            env.update(gpu_env(task.gpus))
             try:
                 run_dir.mkdir()
             except FileExistsError:
-                existing = self.status(task.run_id)
-                if existing is not None:
-                    return existing
                 raise PlatformError(f"{run_dir} exists but is not a run directory") from None
             except OSError as exc:
                 raise PlatformError(f"cannot create run directory {run_dir}: {exc}") from exc
-            return self._spawn(task, run_dir)
+            return self._spawn(task, run_dir, bash, cwd, env)
 
-    def _spawn(self, task: TaskLaunch, run_dir: Path) -> TaskStatus:
+    def _spawn(self, task: TaskLaunch, run_dir: Path, bash: str, cwd: str, env: dict[str, str]) -> TaskStatus:
         launch_record = {k: v for k, v in asdict(task).items() if k != "env"}
         launch_record["env_keys"] = sorted(task.env)
         launch_record["created_at"] = time.time()
@@ -239,16 +252,6 @@ class ProcessBackend(RuntimeBackend):
             _write_atomic(run_dir / "wrapper.sh", _WRAPPER)
         except OSError as exc:
             raise PlatformError(f"cannot write the launch record of {task.run_id}: {exc}") from exc
-
-        bash = shutil.which("bash")
-        if bash is None:
-            raise PlatformError(f"cannot launch {task.run_id}: bash is not on the agent's PATH")
-        env = _base_env()
-        env.update(task.env)
-        env.update(gpu_env(task.gpus))
-        cwd = task.workdir or os.getcwd()
-        if not os.path.isdir(cwd):
-            raise PlatformError(f"cannot launch {task.run_id}: workdir {cwd} is not a directory")
 
         try:
             with (
@@ -270,7 +273,7 @@ class ProcessBackend(RuntimeBackend):
         started_at = time.time()
         try:
             create_time = psutil.Process(proc.pid).create_time()
-        except psutil.Error:  # already exited and reaped is impossible (we have not waited)
+        except psutil.Error:  # not reaped yet, so it exists (maybe as a zombie); be defensive
             create_time = started_at
         self._children[task.run_id] = proc
         threading.Thread(
@@ -283,7 +286,10 @@ class ProcessBackend(RuntimeBackend):
             "started_at": started_at,
             "gpus": list(task.gpus),
         }
-        _write_atomic(run_dir / "meta.json", json.dumps(meta) + "\n")
+        try:
+            _write_atomic(run_dir / "meta.json", json.dumps(meta) + "\n")
+        except OSError:
+            pass  # the task runs; status() finds its wrapper by command line and rewrites meta.json
         return TaskStatus(
             run_id=task.run_id,
             state="running",

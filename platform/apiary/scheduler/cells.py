@@ -266,13 +266,19 @@ def build_topology(config: ClusterConfig) -> Topology:
 
 
 def _mark_bound(cell: Cell, vc: str | None) -> None:
+    """Bind ``cell`` (its whole subtree) to ``vc``; ancestors count the bound leaves."""
+    stack = [cell]
+    while stack:
+        c = stack.pop()
+        c.bound_leaves = len(c.leaves)
+        if c.level == 1:
+            c.vc = vc
+        stack.extend(c.children)
     n = len(cell.leaves)
-    for lf in cell.leaves:
-        lf.vc = vc
-    c: Cell | None = cell
-    while c is not None:
-        c.bound_leaves += n
-        c = c.parent
+    a = cell.parent
+    while a is not None:
+        a.bound_leaves += n
+        a = a.parent
 
 
 def bind_virtual_clusters(topo: Topology, config: ClusterConfig) -> None:

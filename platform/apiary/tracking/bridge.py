@@ -160,6 +160,7 @@ class PrefectBridge:
         self._flow_id: uuid.UUID | None = None
         self._down_since: float | None = None
         self._log_polled: dict[str, float] = {}
+        self._pending_logs: dict[str, list[dict]] = {}
 
     # ------------------------------------------------------------------ state file
 
@@ -240,6 +241,8 @@ class PrefectBridge:
                     self._save()
                     if not complete:
                         raise _Transient("batch stopped at a transient error")
+                for flow_run_id in list(self._pending_logs):
+                    await self._flush_logs(client, flow_run_id)
                 await self._poll_running_logs(client)
                 self._prune()
                 self._save()
@@ -313,6 +316,11 @@ class PrefectBridge:
                         self._job(ev["jobId"])["lastSeq"] = ev["seq"]
                     n += 1
                 counts.append(n)
+                flow_run_id = self.state["jobs"].get(job_events[0]["jobId"], {}).get("flowRunId")
+                try:
+                    await self._flush_logs(client, flow_run_id)
+                except Exception:  # transient only; the events are done, the lines stay queued
+                    failed.append(job_events[-1]["seq"] + 1)
 
         await asyncio.gather(*(run_job(evs) for evs in by_job.values()))
         self.state["cursor"] = (min(failed) - 1) if failed else events[-1]["seq"]
@@ -540,12 +548,11 @@ class PrefectBridge:
 
     async def _task(self, client: Any, job_id: str, job: dict, ev: dict, step: str, name: str, ptype: str,
                     message: str, attempt: int = 0) -> uuid.UUID:
-        """A task run that happens at once: created Running, then set to ``ptype``."""
-        from prefect.states import Running, State
+        """A task run that happens at once: created directly in its final state (one request)."""
+        from prefect.states import State
 
-        tid = await self._create_task_run(client, job_id, job, ev, step, name, Running(), attempt)
-        await client.set_task_run_state(tid, State(type=ptype, message=message), force=True)
-        return tid
+        return await self._create_task_run(client, job_id, job, ev, step, name,
+                                           State(type=ptype, message=message), attempt)
 
     async def _open(self, client: Any, job_id: str, job: dict, ev: dict, key: str, name: str, state_name: str,
                     message: str, attempt: int = 0) -> None:
@@ -589,10 +596,31 @@ class PrefectBridge:
             await self._close(client, job, key, ptype, message)
 
     async def _log(self, client: Any, job: dict, ev: dict, message: str, level: int = logging.INFO) -> None:
-        await client.create_logs([{
+        """Queue one event line for the flow run's logs; :meth:`_flush_logs` sends them."""
+        self._pending_logs.setdefault(job["flowRunId"], []).append({
             "name": "apiary.events", "level": level, "message": message,
             "timestamp": _iso(ev.get("time")), "flow_run_id": job["flowRunId"], "task_run_id": None,
-        }])
+        })
+
+    async def _flush_logs(self, client: Any, flow_run_id: str | None) -> None:
+        """Send queued event lines of one flow run in one request.
+
+        Event lines are batched per job and batch (they cost one request each otherwise, on a
+        SQLite server about 20 ms); they live in memory until sent, so a crash of the bridge
+        can lose some (the task run states carry the same facts).
+        """
+        rows = self._pending_logs.pop(flow_run_id, None) if flow_run_id else None
+        if not rows:
+            return
+        try:
+            for batch in _batches(rows):
+                await client.create_logs(batch)
+        except Exception as exc:
+            if not _is_transient(exc):
+                logger.error("event log lines dropped flow_run=%s lines=%s error=%r", flow_run_id, len(rows), exc)
+                return
+            self._pending_logs.setdefault(flow_run_id, [])[:0] = rows  # keep them for the next try
+            raise
 
     async def _artifact(self, client: Any, artifact: Any) -> None:
         # Same request as client.create_artifact(), without the client-side "artifact created"
