@@ -18,7 +18,8 @@ class Settings(BaseSettings):
     home: Path = Field(default=Path("~/.apiary"), description="State directory of the embedded platform.")
     api_url: str | None = Field(default=None, description="Control-plane URL; overrides the one recorded in home.")
     database_url: str | None = Field(
-        default=None, description="SQLAlchemy URL; default an SQLite file in home (postgresql+psycopg://... for PostgreSQL)."
+        default=None,
+        description="SQLAlchemy URL; default an SQLite file in home (postgresql+psycopg://... for PostgreSQL).",
     )
     user: str | None = Field(default=None, description="Default user for CLI submissions (else the login name).")
     node_lost_after_s: float = Field(

@@ -196,8 +196,9 @@ def job_get(job_id: str, as_json: bool = typer.Option(False, "--json")) -> None:
 def _task_table(job: dict) -> None:
     t = Table("taskRole", "index", "state", "node", "gpus", "exitCode")
     for task in job["tasks"]:
+        code = task["exitCode"]
         t.add_row(task["taskRole"], str(task["index"]), task["state"], task["node"] or "-",
-                  ",".join(map(str, task["gpus"])) or "-", str(task["exitCode"] if task["exitCode"] is not None else "-"))
+                  ",".join(map(str, task["gpus"])) or "-", "-" if code is None else str(code))
     console.print(t)
 
 

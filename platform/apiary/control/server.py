@@ -37,6 +37,9 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8470) -> None
     (settings.run_dir / "control-plane.pid").write_text(str(os.getpid()))
     logger.info("control plane listening on http://%s:%d", host, port)
     try:
-        uvicorn.run(create_app(plane), host=host, port=port, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+        uvicorn.run(
+            create_app(plane), host=host, port=port, log_level="warning", access_log=False,
+            timeout_graceful_shutdown=2,  # agents' long polls must not hold a restart
+        )
     finally:
         loop.stop()
