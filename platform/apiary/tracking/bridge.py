@@ -75,6 +75,7 @@ _MAX_BATCH_LINES = 500
 _MAX_BATCH_BYTES = 1_000_000
 _JOB_STATE_TO_PREFECT = {"SUCCEEDED": "COMPLETED", "FAILED": "FAILED", "STOPPED": "CANCELLED"}
 _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+_BUSY_STATUS = {429, 503}
 
 
 def task_run_id(job_id: str, seq: int, step: str) -> uuid.UUID:
@@ -145,7 +146,7 @@ class PrefectBridge:
         concurrency: int = 8,
         batch_size: int = 500,
         log_interval_s: float = 10.0,
-        client_retries: int = 1,
+        client_retries: int = 0,
     ) -> None:
         self.source = source
         self.prefect_api_url = prefect_api_url.rstrip("/")
@@ -304,7 +305,7 @@ class PrefectBridge:
                 n = 0
                 for ev in job_events:
                     try:
-                        await self._apply(client, ev)
+                        await self._apply_retrying(client, ev)
                     except Exception as exc:
                         if _is_transient(exc):
                             failed.append(ev["seq"])
@@ -325,6 +326,26 @@ class PrefectBridge:
         await asyncio.gather(*(run_job(evs) for evs in by_job.values()))
         self.state["cursor"] = (min(failed) - 1) if failed else events[-1]["seq"]
         return sum(counts), not failed
+
+    async def _apply_retrying(self, client: Any, ev: dict) -> None:
+        """:meth:`_apply`, retried in place while the server answers "busy".
+
+        A SQLite-backed Prefect server answers 503 when its database is locked (seen here
+        even with one writer, next to the server's own services). The client's own retry
+        sleeps 2**n s, so the bridge retries after 0.1-0.8 s instead; handlers are safe to
+        replay (deterministic ids, offsets and open/closed marks updated after success).
+        """
+        for delay in self._BUSY_DELAYS_S:
+            try:
+                return await self._apply(client, ev)
+            except httpx.HTTPStatusError as exc:
+                if exc.response.status_code not in _BUSY_STATUS:
+                    raise
+                logger.debug("server busy; retrying seq=%s delay_s=%s", ev["seq"], delay)
+            await asyncio.sleep(delay)
+        await self._apply(client, ev)
+
+    _BUSY_DELAYS_S = (0.1, 0.2, 0.4, 0.8)
 
     # ------------------------------------------------------------------ per-job state
 

@@ -1,0 +1,438 @@
+"""Lifecycle benchmarks of the embedded platform (what ``apiary up`` runs).
+
+Two measurements, each on its own fresh :class:`~apiary.embedded.Embedded` in a temporary
+APIARY home, on loopback, with a generated HiveD cluster config of simulated nodes:
+
+* :func:`measure_start_latency`: submit -> first task process spawned, on an idle cluster,
+  one job at a time.
+* :func:`measure_concurrent`: peak RSS of the platform's processes while N short 1-GPU jobs
+  run at once, each mirrored to a Prefect flow run by the bridge.
+
+Every wait is bounded; the platform is always stopped in ``finally``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import psutil
+
+from apiary.client import ApiaryClient
+from apiary.embedded import Embedded
+
+logger = logging.getLogger("bench.lifecycle")
+
+FINAL_STATES = ("SUCCEEDED", "FAILED", "STOPPED")
+# Processes summed for the RSS figure: (supervisor child, whether its descendants count).
+# The agent's descendants are the tasks themselves (bash wrapper, bash script, the user's sleep),
+# so only the agent process is counted; every other child counts with its whole process tree.
+RSS_CHILDREN = (("control-plane", True), ("agent", False), ("prefect-bridge", True), ("prefect-serve", True))
+
+
+# ---------------------------------------------------------------------- inputs
+def cluster_config(nodes: int, gpus_per_node: int) -> str:
+    """A HiveD config: ``nodes`` nodes of ``gpus_per_node`` GPUs, 3 cell levels (GPU -> node ->
+    pool), one pool holding every node, one VC ``default`` owning all of them."""
+    children = "\n".join(f"            - cellAddress: bench-node-{i:03d}" for i in range(nodes))
+    return f"""\
+hivedscheduler:
+  config: |
+    physicalCluster:
+      skuTypes:
+        GPU:
+          gpu: 1
+          cpu: 2
+          memory: 4096Mi
+      cellTypes:
+        GPU-NODE:
+          childCellType: GPU
+          childCellNumber: {gpus_per_node}
+          isNodeLevel: true
+        GPU-NODE-POOL:
+          childCellType: GPU-NODE
+          childCellNumber: {nodes}
+      physicalCells:
+        - cellType: GPU-NODE-POOL
+          cellChildren:
+{children}
+    virtualClusters:
+      default:
+        virtualCells:
+          - cellType: GPU-NODE-POOL.GPU-NODE
+            cellNumber: {nodes}
+"""
+
+
+def job_yaml(name: str, command: str) -> str:
+    """An OpenPAI v2 job: one task role, one instance, 1 GPU, running ``command``."""
+    return f"""\
+protocolVersion: 2
+name: {name}
+type: job
+prerequisites:
+  - protocolVersion: 2
+    name: bench_image
+    type: dockerimage
+    uri: python:3.11-slim
+taskRoles:
+  main:
+    instances: 1
+    dockerImage: bench_image
+    resourcePerInstance:
+      cpu: 1
+      memoryMB: 1024
+      gpu: 1
+    commands:
+      - {command}
+defaults:
+  virtualCluster: default
+"""
+
+
+def parse_iso(ts: str) -> float:
+    """The API's ``2024-01-02T03:04:05.678Z`` (UTC, millisecond resolution) as unix seconds."""
+    return datetime.strptime(ts.replace("Z", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Linear-interpolation percentile (numpy's default), ``p`` in [0, 100]."""
+    xs = sorted(values)
+    if not xs:
+        raise ValueError("no samples")
+    k = (len(xs) - 1) * p / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+# ---------------------------------------------------------------------- platform
+@dataclass
+class Platform:
+    """A started Embedded in a temp home, with a client; :meth:`close` always stops it."""
+
+    emb: Embedded
+    client: ApiaryClient
+    tmp: tempfile.TemporaryDirectory
+    startup_s: float = 0.0
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        finally:
+            try:
+                self.emb.stop()
+            finally:
+                self.tmp.cleanup()
+
+
+def start_platform(nodes: int, gpus_per_node: int, *, prefect: bool, ready_timeout_s: float = 120.0) -> Platform:
+    tmp = tempfile.TemporaryDirectory(prefix="apiary-bench-")
+    root = Path(tmp.name)
+    cfg = root / "cluster.yaml"
+    cfg.write_text(cluster_config(nodes, gpus_per_node))
+    workdir = root / "work"
+    workdir.mkdir()
+    emb = Embedded(home=root / "home", cluster=cfg, prefect=prefect, workdir=str(workdir))
+    t0 = time.monotonic()
+    client: ApiaryClient | None = None
+    try:
+        emb.start()
+        emb.start_supervisor()
+        client = ApiaryClient(emb.api_url, timeout=60)
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            ready = [n for n in client.nodes() if n.get("ready")]
+            if len(ready) >= nodes:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(ready)}/{nodes} nodes ready after {ready_timeout_s} s")
+            time.sleep(0.2)
+    except BaseException:
+        if client is not None:
+            client.close()
+        emb.stop()
+        tmp.cleanup()
+        raise
+    return Platform(emb, client, tmp, time.monotonic() - t0)
+
+
+def _tree(pid: int, with_children: bool) -> list[psutil.Process]:
+    try:
+        p = psutil.Process(pid)
+        return [p, *p.children(recursive=True)] if with_children else [p]
+    except psutil.Error:
+        return []
+
+
+def platform_processes(emb: Embedded) -> dict[str, list[psutil.Process]]:
+    """The processes whose RSS is summed, by component (see :data:`RSS_CHILDREN`)."""
+    out: dict[str, list[psutil.Process]] = {}
+    for name, with_children in RSS_CHILDREN:
+        child = emb.children.get(name)
+        if child is not None and child.proc is not None and child.proc.poll() is None:
+            out[name] = _tree(child.proc.pid, with_children)
+    if emb.prefect_server is not None and emb.prefect_server.alive():
+        out["prefect-server"] = _tree(emb.prefect_server.pid, True)
+    return out
+
+
+def rss_mb(emb: Embedded) -> tuple[float, dict[str, float]]:
+    total = 0.0
+    parts: dict[str, float] = {}
+    seen: set[int] = set()
+    for name, procs in platform_processes(emb).items():
+        mb = 0.0
+        for p in procs:
+            if p.pid in seen:
+                continue
+            seen.add(p.pid)
+            try:
+                mb += p.memory_info().rss / 2**20
+            except psutil.Error:
+                pass
+        parts[name] = mb
+        total += mb
+    return total, parts
+
+
+class RssSampler:
+    """Samples :func:`rss_mb` every ``period_s`` in a thread; keeps the peak and its breakdown."""
+
+    def __init__(self, emb: Embedded, period_s: float = 0.2) -> None:
+        self.emb = emb
+        self.period_s = period_s
+        self.peak = 0.0
+        self.peak_parts: dict[str, float] = {}
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            total, parts = rss_mb(self.emb)
+            self.samples += 1
+            if total > self.peak:
+                self.peak, self.peak_parts = total, parts
+            self._stop.wait(self.period_s)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+# ---------------------------------------------------------------------- start latency
+@dataclass
+class LatencyResult:
+    samples: list[float] = field(default_factory=list)
+    observed: list[float] = field(default_factory=list)  # client: before POST -> startTime seen
+    prefect: bool = True
+    nodes: int = 0
+    gpus_per_node: int = 0
+
+    def to_dict(self) -> dict:
+        return {
+            "start_latency_p50_s": round(statistics.median(self.samples), 4),
+            "start_latency_p99_s": round(percentile(self.samples, 99), 4),
+            "start_latency_samples": len(self.samples),
+        }
+
+
+def _wait_started(client: ApiaryClient, job_id: str, timeout_s: float, poll_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = client.get(job_id)
+        tasks = job.get("tasks") or []
+        if tasks and tasks[0].get("startTime"):
+            return job
+        if job["state"] in FINAL_STATES:
+            raise RuntimeError(f"job {job_id} ended {job['state']} without a task start: {job}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} has no started task after {timeout_s} s (state {job['state']})")
+        time.sleep(poll_s)
+
+
+def measure_start_latency(
+    samples: int = 100, *, nodes: int = 16, gpus_per_node: int = 8, prefect: bool = True,
+    warmup: int = 2, settle_s: float = 5.0, per_job_timeout_s: float = 60.0, poll_s: float = 0.02,
+) -> LatencyResult:
+    """Submit ``samples`` 1-GPU ``sleep 0.2`` jobs one at a time; each latency is the task's
+    agent-recorded spawn time (task JSON ``startTime``) minus the job's ``submissionTime``
+    (control-plane clock at acceptance; same machine, same clock). The next job is submitted only
+    once the previous one's task has started, so the cluster is idle apart from at most one
+    finishing ``sleep 0.2``. ``warmup`` jobs are run first and not counted."""
+    res = LatencyResult(prefect=prefect, nodes=nodes, gpus_per_node=gpus_per_node)
+    plat = start_platform(nodes, gpus_per_node, prefect=prefect)
+    try:
+        logger.info("start_latency: platform up in %.1f s (prefect=%s)", plat.startup_s, prefect)
+        time.sleep(settle_s)  # let the Prefect children finish importing / registering
+        stamp = int(time.time())
+        for i in range(warmup + samples):
+            name = f"lat-{stamp}-{i:04d}"
+            t_client = time.time()
+            job = plat.client.submit(job_yaml(name, "sleep 0.2"), user="bench")
+            started = _wait_started(plat.client, job["id"], per_job_timeout_s, poll_s)
+            t_seen = time.time()
+            start = parse_iso(started["tasks"][0]["startTime"])
+            if i < warmup:
+                continue
+            res.samples.append(start - parse_iso(started["submissionTime"]))
+            res.observed.append(t_seen - t_client)
+        return res
+    finally:
+        plat.close()
+
+
+# ---------------------------------------------------------------------- concurrent footprint
+@dataclass
+class ConcurrentResult:
+    jobs: int
+    nodes: int
+    gpus_per_node: int
+    sleep_s: float
+    peak_rss_mb: float = 0.0
+    peak_parts: dict[str, float] = field(default_factory=dict)
+    peak_running: int = 0
+    flow_runs: int = 0
+    flow_runs_final: int = 0
+    submit_s: float = 0.0
+    all_final_s: float = 0.0
+    bridge_caught_up_s: float | None = None
+    states: dict[str, int] = field(default_factory=dict)
+    submit_errors: int = 0
+    restarts: dict[str, int] = field(default_factory=dict)
+    rss_samples: int = 0
+
+    def to_dict(self) -> dict:
+        return {
+            "concurrent_1000_rss_mb": round(self.peak_rss_mb, 1),
+            "concurrent_jobs": self.jobs,
+            "concurrent_peak_running": self.peak_running,
+            "flow_runs_created": self.flow_runs,
+        }
+
+
+def count_flow_runs(prefect_api_url: str) -> tuple[int, int]:
+    """(flow runs of flow ``apiary-job``, those of them in a final state) via Prefect's client."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    flows = FlowFilter(name=FlowFilterName(any_=["apiary-job"]))
+    final = FlowRunFilter(
+        state=FlowRunFilterStateType(any_=[StateType.COMPLETED, StateType.FAILED, StateType.CANCELLED])
+    )
+
+    async def go() -> tuple[int, int]:
+        async with get_client() as c:
+            return await c.count_flow_runs(flow_filter=flows), await c.count_flow_runs(
+                flow_filter=flows, flow_run_filter=final
+            )
+
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api_url}):
+        return asyncio.run(go())
+
+
+def measure_concurrent(
+    jobs: int = 1000, *, nodes: int = 128, gpus_per_node: int = 8, sleep_s: float = 20.0,
+    submit_threads: int = 8, rss_period_s: float = 0.2, list_period_s: float = 1.0,
+    finish_timeout_s: float = 600.0, bridge_timeout_s: float = 300.0, settle_s: float = 5.0,
+) -> ConcurrentResult:
+    """Submit ``jobs`` 1-GPU ``sleep <sleep_s>`` jobs as fast as ``submit_threads`` threads can
+    through the API on a prefect=True Embedded; sample the platform's RSS (:func:`rss_mb`) every
+    ``rss_period_s`` from just before the first submission until the bridge has caught up (or
+    ``bridge_timeout_s``); count RUNNING tasks from ``GET /api/v2/jobs?state=RUNNING`` every
+    ``list_period_s``; at the end count flow runs of ``apiary-job`` in Prefect."""
+    res = ConcurrentResult(jobs=jobs, nodes=nodes, gpus_per_node=gpus_per_node, sleep_s=sleep_s)
+    plat = start_platform(nodes, gpus_per_node, prefect=True)
+    emb = plat.emb
+    prefect_api = emb.prefect_server.api_url if emb.prefect_server else emb.prefect_api_url
+    try:
+        logger.info("concurrent: platform up in %.1f s", plat.startup_s)
+        time.sleep(settle_s)
+        stamp = int(time.time())
+        local = threading.local()
+        clients: list[ApiaryClient] = []
+        lock = threading.Lock()
+
+        def submit(i: int) -> str | None:
+            c = getattr(local, "client", None)
+            if c is None:
+                c = local.client = ApiaryClient(emb.api_url, timeout=120)
+                with lock:
+                    clients.append(c)
+            try:
+                return c.submit(job_yaml(f"conc-{stamp}-{i:04d}", f"sleep {sleep_s:g}"), user="bench")["id"]
+            except Exception as e:  # counted and reported; the run goes on
+                logger.warning("submit %d failed: %s", i, e)
+                return None
+
+        with RssSampler(emb, rss_period_s) as sampler:
+            t0 = time.monotonic()
+            with cf.ThreadPoolExecutor(submit_threads, thread_name_prefix="submit") as pool:
+                ids = [x for x in pool.map(submit, range(jobs)) if x]
+            res.submit_s = time.monotonic() - t0
+            res.submit_errors = jobs - len(ids)
+            for c in clients:
+                c.close()
+            logger.info("concurrent: %d jobs submitted in %.1f s", len(ids), res.submit_s)
+            # Running count and completion, from the job list.
+            deadline = t0 + finish_timeout_s
+            wanted = set(ids)
+            while True:
+                running = plat.client.list(state="RUNNING")
+                n = sum(1 for j in running for t in j["tasks"] if t["state"] == "RUNNING")
+                res.peak_running = max(res.peak_running, n)
+                if not running:
+                    states: dict[str, int] = {}
+                    for j in plat.client.list():
+                        if j["id"] in wanted:
+                            states[j["state"]] = states.get(j["state"], 0) + 1
+                    res.states = states
+                    if sum(states.get(s, 0) for s in FINAL_STATES) >= len(wanted):
+                        break
+                if time.monotonic() > deadline:
+                    logger.warning("concurrent: jobs not all final after %.0f s", finish_timeout_s)
+                    break
+                time.sleep(list_period_s)
+            res.all_final_s = time.monotonic() - t0
+            logger.info("concurrent: all final after %.1f s (peak running %d)", res.all_final_s, res.peak_running)
+            # The bridge catches up: every job a flow run, and every flow run final.
+            deadline = time.monotonic() + bridge_timeout_s
+            while True:
+                try:
+                    res.flow_runs, res.flow_runs_final = count_flow_runs(prefect_api)
+                except Exception as e:  # Prefect busy: try again until the deadline
+                    logger.warning("counting flow runs failed: %r", e)
+                if res.flow_runs >= len(ids) and res.flow_runs_final >= len(ids):
+                    res.bridge_caught_up_s = time.monotonic() - t0
+                    break
+                if time.monotonic() > deadline:
+                    logger.warning("bridge not caught up after %.0f s: %d flow runs, %d final",
+                                   bridge_timeout_s, res.flow_runs, res.flow_runs_final)
+                    break
+                time.sleep(2.0)
+        res.peak_rss_mb, res.peak_parts, res.rss_samples = sampler.peak, sampler.peak_parts, sampler.samples
+        res.restarts = {name: c.restarts for name, c in emb.children.items()}
+        return res
+    finally:
+        plat.close()

@@ -1,0 +1,86 @@
+"""The CLI contract end to end: ``apiary up`` in a subprocess, a real mnist job through
+``apiary job submit / wait / get --json / logs / list / stop``, and Ctrl-C stopping it cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from apiary.demo.lab6 import LAB6, until
+from apiary.embedded import REPO_ROOT
+from apiary.tracking.prefect_server import free_port
+
+pytestmark = pytest.mark.e2e
+APIARY = [sys.executable, "-m", "apiary"]
+
+
+@pytest.fixture
+def up(tmp_path: Path):
+    home = tmp_path / "home"
+    port = free_port()
+    env = {**os.environ, "APIARY_HOME": str(home), "PREFECT_HOME": str(tmp_path / "ph"), "DO_NOT_TRACK": "1"}
+    env.pop("APIARY_API_URL", None)
+    proc = subprocess.Popen(
+        [*APIARY, "up", "--no-prefect", "--port", str(port), "--cluster", str(LAB6 / "hived-config-two-vcs.yaml")],
+        env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+
+    def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        r = subprocess.run([*APIARY, *args], env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+        if check:
+            assert r.returncode == 0, f"apiary {' '.join(args)} -> {r.returncode}\n{r.stdout}\n{r.stderr}"
+        return r
+
+    until(lambda: (home / "run" / "api_url").exists(), 60, "apiary up")
+    until(lambda: sum(n["ready"] for n in json.loads(cli("node", "list", "--json").stdout)) == 2, 60, "nodes")
+    proc.port = port
+    yield proc, cli
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(30)
+
+
+def test_mnist_job_through_the_cli(up):
+    proc, cli = up
+    job_id = cli("job", "submit", str(LAB6 / "job-config-0.yaml"), "--user", "alice").stdout.strip()
+    assert job_id == "alice~job-config-0"
+    assert cli("job", "wait", job_id, "--timeout", "120").returncode == 0
+    job = json.loads(cli("job", "get", job_id, "--json").stdout)
+    for field in ("id", "name", "user", "virtualCluster", "priorityClass", "state", "retries", "retryDetails",
+                  "submissionTime", "launchTime", "completionTime", "exitCode", "waitingReason", "tasks"):
+        assert field in job
+    assert job["state"] == "SUCCEEDED" and job["exitCode"] == 0 and job["virtualCluster"] == "vc1"
+    assert job["tasks"] == [job["tasks"][0]] and job["tasks"][0]["node"] == "hostname-dan"
+    assert job["tasks"][0]["gpus"] == [0] and job["tasks"][0]["exitCode"] == 0
+    logs = cli("job", "logs", job_id, "--task", "train/0").stdout
+    assert "epoch 1/1 loss=" in logs and "CUDA_VISIBLE_DEVICES: 0" in logs
+    nodes = json.loads(cli("node", "list", "--json").stdout)
+    assert all(n["simulatedGpus"] is True for n in nodes)
+    assert [j["id"] for j in json.loads(cli("job", "list", "--json").stdout)] == [job_id]
+
+
+def test_stop_and_wait_exit_codes(up):
+    proc, cli = up
+    job_id = cli("job", "submit", str(LAB6 / "job-config-1.yaml"), "--user", "bob").stdout.strip()
+    cli("job", "stop", job_id)
+    r = cli("job", "wait", job_id, "--timeout", "60", check=False)
+    assert r.returncode == 1 and "STOPPED" in r.stdout
+    bad = cli("job", "submit", str(LAB6 / "hived-config-one-vc.yaml"), check=False)
+    assert bad.returncode == 1 and "taskRoles" in bad.stderr or "protocolVersion" in bad.stderr
+
+
+def test_ctrl_c_stops_everything(up):
+    proc, cli = up
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(30)
+    assert proc.returncode is not None
+    # The children run in their own sessions; find them by the port they were given.
+    out = subprocess.run(["pgrep", "-f", f"apiary .*{proc.port}"], capture_output=True, text=True)
+    assert out.stdout.split() == []
