@@ -124,6 +124,13 @@ class Platform:
     startup_s: float = 0.0
 
     def close(self) -> None:
+        for name, child in self.emb.children.items():
+            if child.restarts:
+                try:
+                    tail = child.log_path.read_bytes()[-600:].decode(errors="replace")
+                except OSError:
+                    tail = "<no log>"
+                logger.warning("child %s restarted %d times; its log ends:\n%s", name, child.restarts, tail)
         try:
             self.client.close()
         finally:

@@ -36,8 +36,6 @@ for p in (str(REPO_ROOT / "platform"), str(BENCH_DIR)):
 import lifecycle  # noqa: E402  (bench/lifecycle.py, found through BENCH_DIR on sys.path)
 
 BENCHMARKS = ("lifecycle.start_latency", "lifecycle.concurrent")
-LATENCY_KEYS = ("start_latency_p50_s", "start_latency_p99_s", "start_latency_samples", "start_latency_prefect")
-CONCURRENT_KEYS = ("concurrent_1000_rss_mb", "concurrent_jobs", "concurrent_peak_running", "flow_runs_created")
 
 
 def machine() -> str:
