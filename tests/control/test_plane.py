@@ -568,6 +568,31 @@ def test_prod_job_preempts_test_job_in_vc1(h: Harness) -> None:
     assert job["retryDetails"] == {"user": 0, "platform": 1}
 
 
+def test_opportunistic_job_borrows_an_idle_vc_and_is_preempted_by_its_owner(h: Harness) -> None:
+    prod = h.submit(3)  # prod, vc1 -> hostname-dan
+    h.cycle()
+    h.start(prod)
+    oppo = h.submit(4, user="bob")  # oppo, vc1 full -> borrows idle hostname-carol (VC default)
+    assert h.cycle().placed == [oppo]
+    assert h.task(oppo)["node"] == CAROL
+    h.start(oppo)
+    owner = h.submit(5, user="carol", name="test-in-default", extras__hivedScheduler__jobPriorityClass="test")
+    result = h.cycle()
+    assert result.preempted == [oppo]
+    assert h.find(oppo)["desired"] == "STOP"
+    h.exit(oppo, None, stopped=True)
+    assert h.job(oppo)["retryDetails"] == {"user": 0, "platform": 1}
+    assert h.cycle().placed == [owner]
+    assert h.task(owner)["node"] == CAROL
+    assert h.task(oppo)["state"] == "WAITING"
+    h.start(owner)
+    h.exit(owner, 0)
+    assert h.cycle().placed == [oppo]
+    h.start(oppo)
+    h.exit(oppo, 0)
+    assert h.job(oppo)["state"] == "SUCCEEDED"
+
+
 def test_preempting_a_job_that_never_started(h: Harness) -> None:
     low = h.submit(1)
     h.cycle()  # STARTING on hostname-dan, never reported running
@@ -650,39 +675,84 @@ def test_stop_unknown_job_is_not_found(h: Harness) -> None:
 
 
 # ---------------------------------------------------------------------------------- node loss
-def test_lost_node_fails_its_tasks_and_the_job_is_retried_elsewhere_or_later(h: Harness) -> None:
+def lose(h: Harness, node: str, after: float = 31.0) -> None:
+    """Let ``after`` seconds pass in which every node but ``node`` reports."""
+    h.tick(after)
+    h.report_all(except_=[node])
+
+
+def test_node_is_lost_only_after_the_timeout(h: Harness) -> None:
+    jid = h.submit(0)
+    h.cycle()
+    h.start(jid)
+    lose(h, DAN, after=30)  # exactly node_lost_after_s: not lost yet
+    h.cycle()
+    assert h.task(jid)["state"] == "RUNNING"
+    assert {n["name"]: n["healthy"] for n in h.plane.list_nodes()}[DAN] is True
+
+
+def test_lost_node_fails_its_task_with_exit_node_lost_as_a_platform_retry(h: Harness) -> None:
+    """What a node loss decides about the lost attempt (holds with and without the bug below)."""
     jid = h.submit(0)
     h.cycle()
     old_run = h.start(jid)
-    h.tick(20)
-    h.report_all(except_=[DAN])
-    assert h.cycle().placed == []  # 20 s < 30 s: not lost yet
-    assert h.task(jid)["state"] == "RUNNING"
-
-    h.tick(11)  # 31 s since hostname-dan's last report
-    h.report_all(except_=[DAN])
-    result = h.cycle()
+    lose(h, DAN)
+    h.cycle()
     job = h.job(jid)
     assert job["state"] == "WAITING"
     assert job["attempt"] == 1
     assert job["retryDetails"] == {"user": 0, "platform": 1}
+    assert job["exitCode"] is None and job["completionTime"] is None
     exited = h.events(jid, "task.exited")
     assert [(e["exitCode"], e["state"], e["attempt"]) for e in exited] == [(EXIT_NODE_LOST, "FAILED", 0)]
+    assert h.events(jid, "job.retry")[0]["kind"] == "platform"
     assert h.plane.assignments(DAN) == []
+    nodes = {n["name"]: n for n in h.plane.list_nodes()}
+    assert nodes[DAN]["healthy"] is False and nodes[DAN]["ready"] is False and nodes[DAN]["gpusUsed"] == 0
+    # The node comes back still believing it runs the lost run: it is told to forget it.
+    assert h.report(DAN, [h.status(old_run, "running")]) == {"ack": [old_run]}
+    assert h.find(jid) is None or h.find(jid)["runId"] != old_run
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: plane._check_lost_nodes calls _task_exited (which, once the attempt has no live task, "
+    "already starts the retry attempt and bumps job.attempt) and THEN _stop_attempt(job), which stops "
+    "the NEW attempt's WAITING tasks; the job stays WAITING forever with only STOPPED tasks",
+)
+def test_job_on_a_lost_node_is_placed_again_when_the_node_returns(h: Harness) -> None:
+    jid = h.submit(0)
+    h.cycle()
+    h.start(jid)
+    lose(h, DAN)
+    result = h.cycle()
+    assert [t["state"] for t in h.job(jid)["tasks"]] == ["WAITING"]
     assert result.placed == []  # vc1 has only hostname-dan, which is not placed on while lost
     assert "unhealthy" in result.waiting[jid]
-    nodes = {n["name"]: n for n in h.plane.list_nodes()}
-    assert nodes[DAN]["healthy"] is False and nodes[DAN]["gpusUsed"] == 0
     assert h.cycle().placed == []
-
-    # hostname-dan comes back, still believing it runs the old run: it is told to forget it.
-    h.tick(1)
-    assert h.report(DAN, [h.status(old_run, "running")]) == {"ack": [old_run]}
+    h.report(DAN)
     assert h.cycle().placed == [jid]
-    new_run = h.start(jid)
-    assert new_run == f"{jid}.a1.train.0.t0"
+    assert h.start(jid) == f"{jid}.a1.train.0.t0"
     h.exit(jid, 0)
     assert h.job(jid)["state"] == "SUCCEEDED"
+
+
+def test_lost_node_is_not_placed_on_until_it_reports_again(h1: Harness) -> None:
+    h = h1
+    lose(h, DAN)
+    h.cycle()
+    first = h.submit(0, defaults__virtualCluster="default")
+    second = h.submit(0, user="bob", defaults__virtualCluster="default")
+    result = h.cycle()
+    assert result.placed == [first]
+    assert h.task(first)["node"] == CAROL
+    assert "unhealthy" in result.waiting[second]
+    h.report_all(except_=[DAN])
+    assert h.cycle().placed == []
+    assert h.plane.assignments(DAN) == []
+    h.report(DAN)
+    assert h.cycle().placed == [second]
+    assert h.task(second)["node"] == DAN
 
 
 def test_lost_node_of_a_two_node_job_stops_the_other_instance(h1: Harness) -> None:
@@ -785,6 +855,25 @@ def test_restart_keeps_every_job_and_placement(h: Harness) -> None:
     assert len(h.run_nodes) == len(set(h.run_nodes))
     with h.sessions() as s:
         assert list(s.scalars(select(Placement).where(Placement.released.is_(False)))) == []
+
+
+def test_after_a_restart_a_node_that_never_reports_again_is_lost_after_the_grace_period(h: Harness) -> None:
+    jid = h.submit(0)
+    h.cycle()
+    h.start(jid)
+    h = h.restart()
+    h.report(CAROL)
+    h.tick(20)
+    h.report(CAROL)
+    h.cycle()
+    assert h.job(jid)["state"] == "RUNNING"  # within the fresh grace period
+    h.tick(11)
+    h.report(CAROL)
+    h.cycle()
+    job = h.job(jid)
+    assert job["retryDetails"] == {"user": 0, "platform": 1}
+    assert [e["exitCode"] for e in h.events(jid, "task.exited")] == [EXIT_NODE_LOST]
+    assert h.plane.assignments(DAN) == []
 
 
 def test_restart_in_the_middle_of_a_completion_policy_stop(tmp_path: Path) -> None:

@@ -335,7 +335,7 @@ class ControlPlane:
         self, *, user: str | None = None, virtual_cluster: str | None = None, state: str | None = None
     ) -> list[dict]:
         with self._sessions() as s:
-            q = select(Job).order_by(Job.submission_time)
+            q = select(Job).order_by(Job.submission_time, Job.id)
             if user:
                 q = q.where(Job.user == user)
             if virtual_cluster:
@@ -412,7 +412,7 @@ class ControlPlane:
                     select(Job)
                     .where(Job.state.in_([JobState.WAITING.value, JobState.RUNNING.value]))
                     .where(Job.execution_type == "START")
-                    .order_by(Job.priority.desc(), Job.submission_time)
+                    .order_by(Job.priority.desc(), Job.submission_time, Job.id)
                 )
             )
             waiting_tasks: dict[str, list[Task]] = {}

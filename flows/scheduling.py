@@ -1,0 +1,49 @@
+"""Prefect flow ``scheduling-loop``: drive Apiary's scheduler and record what it decided.
+
+Calls ``POST /api/v2/scheduler/cycle`` every ``interval_s`` seconds, ``cycles`` times, and
+publishes a table artifact (cycle, placed, preempted, waiting, durationMs). Apiary runs
+cycles on its own too, so this flow is an observer/driver, never on the launch path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+from prefect import flow, get_run_logger
+from prefect.artifacts import acreate_table_artifact
+
+from apiary.errors import UnavailableError
+from apiary.tracking.submit import resolve_api_url, run_scheduler_cycle
+
+
+@flow(name="scheduling-loop", persist_result=False)
+async def scheduling_loop(api_url: str | None = None, cycles: int = 60, interval_s: float = 1.0) -> list[dict]:
+    """Run ``cycles`` scheduler cycles ``interval_s`` apart; return one row per cycle."""
+    log = get_run_logger()
+    rows: list[dict] = []
+    async with httpx.AsyncClient(base_url=resolve_api_url(api_url), timeout=30.0) as client:
+        for cycle in range(cycles):
+            try:
+                result = await run_scheduler_cycle(client)
+            except UnavailableError as exc:
+                log.warning("cycle=%s skipped: %s", cycle, exc.message)
+                result = {"placed": [], "preempted": [], "waiting": {}, "durationMs": None, "error": exc.message}
+            waiting = result.get("waiting") or {}
+            rows.append({
+                "cycle": cycle,
+                "placed": ", ".join(result.get("placed") or []),
+                "preempted": ", ".join(result.get("preempted") or []),
+                "waiting": "; ".join(f"{j}: {r}" for j, r in waiting.items()),
+                "durationMs": result.get("durationMs"),
+            })
+            if result.get("placed") or result.get("preempted"):
+                log.info("cycle=%s placed=%s preempted=%s waiting=%s", cycle, result.get("placed"),
+                         result.get("preempted"), len(waiting))
+            if cycle + 1 < cycles:
+                await asyncio.sleep(interval_s)
+    await acreate_table_artifact(key="scheduling-loop", table=rows,
+                                 description=f"{cycles} scheduler cycles, {interval_s} s apart")
+    logging.getLogger(__name__).debug("scheduling loop done cycles=%s", cycles)
+    return rows

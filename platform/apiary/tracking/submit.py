@@ -1,0 +1,202 @@
+"""Submit a job to Apiary's REST API and wait for it to finish (the body of the ``apiary-job`` flow).
+
+Contract (Apiary REST, ``/api/v2``): ``POST /jobs`` with the job as JSON, header
+``X-Apiary-User`` and optionally ``X-Apiary-Flow-Run-Id`` (the bridge then attaches the job's
+task runs, logs and artifacts to that flow run and leaves its state to the flow engine)
+-> 202 ``{"id": "user~name"}``; ``GET /jobs/{id}`` -> job JSON with ``state`` in
+WAITING | RUNNING | SUCCEEDED | FAILED | STOPPED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any
+
+import httpx
+
+from apiary.errors import ApiaryError, ConflictError, NotFoundError, UnavailableError, UserError
+from apiary.tracking.source import API_PREFIX, FLOW_RUN_HEADER, USER_HEADER
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "FINAL_STATES",
+    "JobFailedError",
+    "flow_run_name",
+    "job_id_of",
+    "resolve_api_url",
+    "run_scheduler_cycle",
+    "submit_and_wait",
+    "submit_job",
+    "wait_for_job",
+]
+
+FINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+
+
+class JobFailedError(ApiaryError):
+    """The job ended FAILED or STOPPED. ``job`` is its final job JSON."""
+
+    code = "JobFailedError"
+
+    def __init__(self, job: dict) -> None:
+        self.job = job
+        super().__init__(
+            f"job id={job.get('id')} ended state={job.get('state')} exitCode={job.get('exitCode')} "
+            f"retries={job.get('retries')}"
+        )
+
+
+def resolve_api_url(api_url: str | None) -> str:
+    """``api_url``, else ``APIARY_API_URL``, else what ``apiary.settings`` resolves; no ``/api/v2``.
+
+    Raises :class:`~apiary.errors.UserError` when none is known.
+    """
+    url = api_url or os.environ.get("APIARY_API_URL")
+    if not url:
+        try:
+            from apiary.settings import Settings
+
+            url = Settings().resolved_api_url()
+        except Exception:  # settings are optional here; the error below says what to set
+            url = None
+    if not url:
+        raise UserError("api_url: not given and APIARY_API_URL is not set")
+    url = url.rstrip("/")
+    return url[: -len(API_PREFIX)] if url.endswith(API_PREFIX) else url
+
+
+def _job_body(job: Any) -> tuple[bytes, str]:
+    """(body, content type) of a JobSpec, a dict (wire keys) or YAML text."""
+    if isinstance(job, str | bytes):
+        return (job.encode() if isinstance(job, str) else job), "text/yaml"
+    if hasattr(job, "to_wire"):
+        job = job.to_wire()
+    import json
+
+    return json.dumps(job).encode(), "application/json"
+
+
+def _error(resp: httpx.Response, what: str) -> ApiaryError:
+    try:
+        message = resp.json().get("message") or resp.text
+    except ValueError:
+        message = resp.text
+    message = f"{what}: HTTP {resp.status_code}: {message}"
+    if resp.status_code == 404:
+        return NotFoundError(message)
+    if resp.status_code == 409:
+        return ConflictError(message)
+    if resp.status_code >= 500:
+        return UnavailableError(message)
+    return UserError(message)
+
+
+def job_id_of(job: Any, user: str) -> str:
+    """The Apiary job id ``user~name`` of a JobSpec, wire dict or anything with ``name``."""
+    name = job.get("name") if isinstance(job, dict) else getattr(job, "name", None)
+    return f"{user}~{name}"
+
+
+def flow_run_name() -> str:
+    """Flow run name of the ``apiary-job`` flow: the job id, from the run's own parameters.
+
+    For ``@flow(flow_run_name=...)``; the parameters may be a JobSpec or, from the UI, a dict.
+    """
+    from prefect.runtime import flow_run
+
+    params = flow_run.parameters
+    return job_id_of(params.get("job") or {}, params.get("user") or "prefect")
+
+
+async def submit_job(
+    client: httpx.AsyncClient, job: Any, user: str, flow_run_id: str | None = None
+) -> str:
+    """POST the job; return its id (``user~name``).
+
+    Raises :class:`~apiary.errors.UserError` (or a subclass) for a 4xx answer (the message is
+    Apiary's), :class:`~apiary.errors.UnavailableError` for 5xx or no answer.
+    """
+    body, ctype = _job_body(job)
+    headers = {USER_HEADER: user, "Content-Type": ctype}
+    if flow_run_id:
+        headers[FLOW_RUN_HEADER] = str(flow_run_id)
+    try:
+        resp = await client.post(f"{API_PREFIX}/jobs", content=body, headers=headers)
+    except httpx.HTTPError as exc:
+        raise UnavailableError(f"submit: apiary unreachable: {exc!r}") from exc
+    if resp.status_code >= 400:
+        raise _error(resp, "submit")
+    job_id = resp.json()["id"]
+    logger.info("job submitted id=%s user=%s flow_run=%s", job_id, user, flow_run_id)
+    return job_id
+
+
+async def wait_for_job(
+    client: httpx.AsyncClient, job_id: str, poll_s: float = 1.0, timeout_s: float | None = None
+) -> dict:
+    """Poll ``GET /jobs/{id}`` every ``poll_s`` s until a final state; return the job JSON.
+
+    Unreachable/5xx answers are retried (Apiary may restart while the job runs); a 404
+    raises :class:`~apiary.errors.NotFoundError`; ``timeout_s`` (None: no limit) raises
+    :class:`~apiary.errors.UnavailableError`.
+    """
+    t0 = time.monotonic()
+    last_state = None
+    while True:
+        try:
+            resp = await client.get(f"{API_PREFIX}/jobs/{job_id}")
+            if resp.status_code >= 400:
+                err = _error(resp, f"job id={job_id}")
+                if not isinstance(err, UnavailableError):
+                    raise err
+                logger.warning("apiary answered status=%s; still waiting id=%s", resp.status_code, job_id)
+            else:
+                job = resp.json()
+                if job.get("state") != last_state:
+                    last_state = job.get("state")
+                    logger.info("job id=%s state=%s attempt=%s", job_id, last_state, job.get("attempt"))
+                if last_state in FINAL_STATES:
+                    return job
+        except httpx.HTTPError as exc:
+            logger.warning("apiary unreachable; still waiting id=%s error=%r", job_id, exc)
+        if timeout_s is not None and time.monotonic() - t0 > timeout_s:
+            raise UnavailableError(f"job id={job_id} not final after timeout_s={timeout_s} state={last_state}")
+        await asyncio.sleep(poll_s)
+
+
+async def submit_and_wait(
+    job: Any,
+    user: str = "prefect",
+    api_url: str | None = None,
+    flow_run_id: str | None = None,
+    poll_s: float = 1.0,
+    timeout_s: float | None = None,
+) -> dict:
+    """Submit ``job`` (JobSpec, wire dict or YAML) as ``user`` and wait for it to end.
+
+    Returns the final job JSON when the job SUCCEEDED; raises :class:`JobFailedError` when it
+    ended FAILED or STOPPED, and the errors of :func:`submit_job` / :func:`wait_for_job`.
+    ``api_url`` defaults to ``APIARY_API_URL`` (see :func:`resolve_api_url`).
+    """
+    base = resolve_api_url(api_url)
+    async with httpx.AsyncClient(base_url=base, timeout=30.0) as client:
+        job_id = await submit_job(client, job, user, flow_run_id)
+        final = await wait_for_job(client, job_id, poll_s=poll_s, timeout_s=timeout_s)
+    if final.get("state") != "SUCCEEDED":
+        raise JobFailedError(final)
+    return final
+
+
+async def run_scheduler_cycle(client: httpx.AsyncClient) -> dict:
+    """``POST /api/v2/scheduler/cycle`` -> ``{"placed", "preempted", "waiting", "durationMs"}``."""
+    try:
+        resp = await client.post(f"{API_PREFIX}/scheduler/cycle")
+    except httpx.HTTPError as exc:
+        raise UnavailableError(f"scheduler cycle: apiary unreachable: {exc!r}") from exc
+    if resp.status_code >= 400:
+        raise _error(resp, "scheduler cycle")
+    return resp.json()

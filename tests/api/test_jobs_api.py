@@ -1,0 +1,352 @@
+"""The REST API (FastAPI TestClient) over a ControlPlane on a temp SQLite file.
+
+The cluster is Lab 6's one-VC config (VC default = hostname-carol + hostname-dan, one GPU each), so
+the quota check (a gang of 4 in a 2-GPU VC) can be exercised; valid jobs are Lab 6 files in VC default.
+Scheduling cycles and node reports are driven through the API itself, synchronously.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from apiary.api import create_app
+from apiary.control import ControlPlane
+from apiary.spec.cluster import load_cluster_config
+from apiary.store import make_engine, migrate, session_factory
+
+REPO = Path(__file__).resolve().parents[2]
+LAB6 = REPO / "examples" / "lab6"
+T0 = 1_700_000_000.0
+NODES = ("hostname-carol", "hostname-dan")
+
+JOB_FIELDS = {
+    "id", "name", "user", "virtualCluster", "priorityClass", "state", "retries", "retryDetails",
+    "submissionTime", "launchTime", "completionTime", "exitCode", "waitingReason", "tasks",
+}
+TASK_FIELDS = {"taskRole", "index", "state", "node", "gpus", "exitCode"}
+
+
+def job_text(n: int, **changes) -> str:
+    """Lab 6's ``job-config-<n>.yaml``; ``changes`` (dotted keys, ``__`` for ``.``) edit it."""
+    text = (LAB6 / f"job-config-{n}.yaml").read_text()
+    if not changes:
+        return text
+    doc = yaml.safe_load(text)
+    for dotted, value in changes.items():
+        node = doc
+        *path, last = dotted.replace("__", ".").split(".")
+        for key in path:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def renamed_role(n: int, new: str) -> str:
+    doc = yaml.safe_load(job_text(n))
+    doc["taskRoles"][new] = doc["taskRoles"].pop("train")
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = T0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def plane(tmp_path: Path, clock: Clock) -> ControlPlane:
+    engine = make_engine(f"sqlite:///{tmp_path}/a.db")
+    migrate(engine)
+    plane = ControlPlane(
+        session_factory(engine),
+        load_cluster_config(LAB6 / "hived-config-one-vc.yaml"),
+        tmp_path / "logs",
+        clock=clock,
+    )
+    yield plane
+    engine.dispose()
+
+
+@pytest.fixture
+def client(plane: ControlPlane):
+    with TestClient(create_app(plane)) as c:
+        yield c
+
+
+def report(client: TestClient, node: str, runs: list[dict] | None = None) -> dict:
+    r = client.post(
+        f"/api/v2/nodes/{node}/status",
+        json={"agentId": "t", "gpus": 1, "simulatedGpus": True, "address": "127.0.0.1", "runs": runs or []},
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def submit(client: TestClient, text: str, user: str = "alice"):
+    return client.post("/api/v2/jobs", content=text, headers={"X-Apiary-User": user})
+
+
+def assignment(client: TestClient, job_id: str) -> tuple[str, dict]:
+    for node in NODES:
+        for a in client.get(f"/api/v2/nodes/{node}/assignments").json()["assignments"]:
+            if a["launch"]["job_id"] == job_id:
+                return node, a
+    raise AssertionError(f"{job_id} has no assignment")
+
+
+def run_status(run_id: str, state: str, code: int | None = None) -> dict:
+    return {
+        "run_id": run_id, "state": state, "exit_code": code, "pid": 7, "started_at": T0 + 1,
+        "finished_at": T0 + 5 if state == "exited" else None,
+    }
+
+
+# ---------------------------------------------------------------------------------- happy path
+def test_submit_list_get_run_logs_and_events(client: TestClient) -> None:
+    for node in NODES:
+        report(client, node)
+    r = submit(client, job_text(5))
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert job["id"] == "alice~job-config-5"
+    assert job["state"] == "WAITING"
+    jid = job["id"]
+    first_seq = client.get("/api/v2/events").json()["events"][-1]["seq"]
+
+    listed = client.get("/api/v2/jobs").json()
+    assert [j["id"] for j in listed] == [jid]
+    assert client.get("/api/v2/jobs", params={"username": "bob"}).json() == []
+    assert [j["id"] for j in client.get("/api/v2/jobs", params={"state": "waiting"}).json()] == [jid]
+    assert [j["id"] for j in client.get("/api/v2/jobs", params={"virtualCluster": "default"}).json()] == [jid]
+    assert client.get(f"/api/v2/jobs/{jid}").json() == listed[0]
+
+    cycle = client.post("/api/v2/scheduler/cycle").json()
+    assert cycle["placed"] == [jid]
+    assert set(cycle) == {"placed", "preempted", "waiting", "durationMs"}
+    node, a = assignment(client, jid)
+    assert a["desired"] == "RUN"
+    run_id = a["runId"]
+    assert a["launch"]["commands"][0].startswith("python3 examples/mnist/main.py")
+
+    assert report(client, node, [run_status(run_id, "running")]) == {"ack": []}
+    job = client.get(f"/api/v2/jobs/{jid}").json()
+    assert job["state"] == "RUNNING"
+    assert job["launchTime"] == "2023-11-14T22:13:21.000Z"
+
+    r = client.post(
+        f"/api/v2/nodes/{node}/logs", params={"runId": run_id, "stream": "stdout", "offset": 0}, content=b"epoch 1\n"
+    )
+    assert r.json() == {"size": 8}
+    r = client.post(
+        f"/api/v2/nodes/{node}/logs", params={"runId": run_id, "stream": "stdout", "offset": 0}, content=b"epoch 1\n"
+    )
+    assert r.json() == {"size": 8}  # resend: idempotent
+    r = client.get(f"/api/v2/jobs/{jid}/logs")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain")
+    assert r.text == "epoch 1\n"
+    assert client.get(f"/api/v2/jobs/{jid}/logs", params={"taskRole": "train", "index": 0, "offset": 6}).text == "1\n"
+
+    nodes = {n["name"]: n for n in client.get("/api/v2/nodes").json()}
+    assert set(nodes) == set(NODES)
+    assert nodes[node]["gpusUsed"] == 1 and nodes[node]["ready"] is True and nodes[node]["healthy"] is True
+    assert all(n["simulatedGpus"] is True for n in nodes.values())
+
+    assert report(client, node, [run_status(run_id, "exited", 0)]) == {"ack": [run_id]}
+    job = client.get(f"/api/v2/jobs/{jid}").json()
+    assert job["state"] == "SUCCEEDED" and job["exitCode"] == 0
+
+    events = client.get("/api/v2/events", params={"after": first_seq}).json()["events"]
+    assert [e["type"] for e in events] == ["job.placed", "task.started", "task.exited", "job.completed"]
+    assert all(e["seq"] > first_seq and e["jobId"] == jid for e in events)
+    assert client.get("/api/v2/events", params={"after": events[-1]["seq"]}).json() == {"events": []}
+    assert [e["type"] for e in client.get("/api/v2/events", params={"jobId": jid, "limit": 1}).json()["events"]] == [
+        "job.submitted"
+    ]
+
+
+def test_stop_through_execution_type(client: TestClient) -> None:
+    jid = submit(client, job_text(5)).json()["id"]
+    r = client.put(f"/api/v2/jobs/{jid}/executionType", json={"value": "STOP"})
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "STOPPED"
+    assert r.json()["executionType"] == "STOP"
+    r = client.put(f"/api/v2/jobs/{jid}/executionType", json={"value": "stop"})  # idempotent, any case
+    assert r.status_code == 200 and r.json()["state"] == "STOPPED"
+
+
+def test_stop_running_job_through_the_api(client: TestClient) -> None:
+    for node in NODES:
+        report(client, node)
+    jid = submit(client, job_text(5)).json()["id"]
+    client.post("/api/v2/scheduler/cycle")
+    node, a = assignment(client, jid)
+    report(client, node, [run_status(a["runId"], "running")])
+    r = client.put(f"/api/v2/jobs/{jid}/executionType", json={"value": "STOP"})
+    assert r.json()["state"] == "RUNNING"
+    assert assignment(client, jid)[1]["desired"] == "STOP"
+    report(client, node, [{**run_status(a["runId"], "exited"), "stopped": True}])
+    assert client.get(f"/api/v2/jobs/{jid}").json()["state"] == "STOPPED"
+
+
+def test_job_json_has_every_field_the_cli_needs(client: TestClient) -> None:
+    for node in NODES:
+        report(client, node)
+    jid = submit(client, job_text(6)).json()["id"]
+    client.post("/api/v2/scheduler/cycle")
+    job = client.get(f"/api/v2/jobs/{jid}").json()
+    assert JOB_FIELDS <= set(job)
+    assert job["id"] == "alice~job-config-6"
+    assert (job["name"], job["user"], job["virtualCluster"], job["priorityClass"]) == (
+        "job-config-6", "alice", "default", "prod",
+    )
+    assert job["state"] == "WAITING"
+    assert job["retries"] == 0
+    assert job["retryDetails"] == {"user": 0, "platform": 0}
+    assert job["submissionTime"] == "2023-11-14T22:13:20.000Z"
+    assert job["launchTime"] is None and job["completionTime"] is None and job["exitCode"] is None
+    assert job["waitingReason"] is None  # both instances placed
+    assert len(job["tasks"]) == 2
+    for i, t in enumerate(job["tasks"]):
+        assert TASK_FIELDS <= set(t)
+        assert (t["taskRole"], t["index"], t["state"], t["exitCode"]) == ("train", i, "STARTING", None)
+        assert t["node"] in NODES
+        assert t["gpus"] == [0]
+    assert {t["node"] for t in job["tasks"]} == set(NODES)
+    # the list carries the same full JSON
+    assert client.get("/api/v2/jobs").json() == [job]
+
+
+def test_assignments_long_poll_answers_at_once_when_the_generation_moved(client: TestClient) -> None:
+    report(client, "hostname-carol")
+    r = client.get("/api/v2/nodes/hostname-carol/assignments", params={"generation": -1, "wait": 5})
+    assert r.status_code == 200
+    assert r.json() == {"generation": 0, "assignments": []}
+    r = client.get("/api/v2/nodes/hostname-carol/assignments", params={"generation": 0, "wait": 61})
+    assert r.status_code == 400
+    assert "wait" in r.json()["message"]
+
+
+def test_healthz(client: TestClient) -> None:
+    assert client.get("/healthz").json()["status"] == "ok"
+
+
+# ---------------------------------------------------------------------------------- bad input
+BAD_SUBMITS = [
+    pytest.param("name: [unclosed\n  - x: {", "alice", 400, "body", id="broken-yaml"),
+    pytest.param("- just\n- a list\n", "alice", 400, "body", id="yaml-not-a-mapping"),
+    pytest.param(b"\xff\xfe not utf-8", "alice", 400, "body", id="not-utf8"),
+    pytest.param(job_text(5, color="blue"), "alice", 400, "color", id="unknown-top-level-field"),
+    pytest.param(job_text(5, taskRoles__train__bogus=1), "alice", 400, "taskRoles.train.bogus",
+                 id="unknown-task-role-field"),
+    pytest.param(job_text(5, taskRoles__train__resourcePerInstance__gpu=-1), "alice", 400,
+                 "taskRoles.train.resourcePerInstance.gpu", id="negative-gpu"),
+    pytest.param(job_text(5, defaults__virtualCluster="vc9"), "alice", 400, "defaults.virtualCluster",
+                 id="unknown-virtual-cluster"),
+    pytest.param(renamed_role(5, "train-worker"), "alice", 400, "taskRoles.train-worker",
+                 id="task-role-name-with-dash"),
+    pytest.param(job_text(6, taskRoles__train__instances=4), "alice", 400,
+                 "Job requests 4 SKUs, exceeds maximum 2 SKUs in VC default.", id="gang-quota-overflow"),
+    pytest.param(job_text(5), None, 400, "user", id="missing-user-header"),
+    pytest.param(job_text(5), "bad user!", 400, "user", id="invalid-user-name"),
+    pytest.param(job_text(5, protocolVersion=3), "alice", 400, "protocolVersion", id="protocol-version-3"),
+    pytest.param(job_text(5, taskRoles__train__dockerImage="nope"), "alice", 400, "taskRoles.train.dockerImage",
+                 id="docker-image-not-a-prerequisite"),
+]
+
+
+@pytest.mark.parametrize(("body", "user", "status", "needle"), BAD_SUBMITS)
+def test_bad_submission_is_a_4xx_naming_the_field(
+    client: TestClient, body: str | bytes, user: str | None, status: int, needle: str
+) -> None:
+    before_jobs = client.get("/api/v2/jobs").json()
+    before_events = client.get("/api/v2/events").json()
+    headers = {"X-Apiary-User": user} if user is not None else {}
+    r = client.post("/api/v2/jobs", content=body, headers=headers)
+    assert r.status_code == status, r.text
+    err = r.json()
+    assert set(err) == {"code", "message"}
+    assert needle in err["message"]
+    # nothing half-written, and the API still serves
+    assert client.get("/api/v2/jobs").json() == before_jobs
+    assert client.get("/api/v2/events").json() == before_events
+    r = submit(client, job_text(5))
+    assert r.status_code == 202, r.text
+    assert [j["id"] for j in client.get("/api/v2/jobs").json()] == ["alice~job-config-5"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs", "status", "needle"),
+    [
+        pytest.param("put", "/api/v2/jobs/{jid}/executionType", {"json": {"value": "BOGUS"}}, 400, "value",
+                     id="executionType-BOGUS"),
+        pytest.param("put", "/api/v2/jobs/{jid}/executionType", {"json": {"value": "START"}}, 400, "value",
+                     id="executionType-START"),
+        pytest.param("put", "/api/v2/jobs/{jid}/executionType", {"json": {}}, 400, "value",
+                     id="executionType-missing-value"),
+        pytest.param("get", "/api/v2/jobs/alice~nope", {}, 404, "alice~nope", id="get-unknown-job"),
+        pytest.param("put", "/api/v2/jobs/alice~nope/executionType", {"json": {"value": "STOP"}}, 404,
+                     "alice~nope", id="stop-unknown-job"),
+        pytest.param("get", "/api/v2/jobs/alice~nope/logs", {}, 404, "alice~nope", id="logs-unknown-job"),
+        pytest.param("get", "/api/v2/jobs/{jid}/logs", {"params": {"taskRole": "nope"}}, 400, "taskRole",
+                     id="logs-unknown-task-role"),
+        pytest.param("get", "/api/v2/jobs/{jid}/logs", {"params": {"stream": "bogus"}}, 400, "stream",
+                     id="logs-bad-stream"),
+        pytest.param("get", "/api/v2/jobs/{jid}/logs", {"params": {"index": "x"}}, 400, "index",
+                     id="logs-index-not-an-int"),
+        pytest.param("post", "/api/v2/nodes/hostname-eve/status", {"json": {"agentId": "t"}}, 404, "hostname-eve",
+                     id="report-from-unknown-node"),
+        pytest.param("post", "/api/v2/nodes/hostname-carol/status", {"json": {"gpus": 1}}, 400, "agentId",
+                     id="report-without-agent-id"),
+        pytest.param("post", "/api/v2/nodes/hostname-carol/logs", {"params": {"runId": "r", "stream": "x",
+                     "offset": 0}, "content": b"x"}, 400, "stream", id="log-upload-bad-stream"),
+    ],
+)
+def test_bad_request_is_a_4xx_naming_the_field(
+    client: TestClient, method: str, path: str, kwargs: dict, status: int, needle: str
+) -> None:
+    jid = submit(client, job_text(5)).json()["id"]
+    before = client.get("/api/v2/jobs").json()
+    r = client.request(method.upper(), path.format(jid=jid), **kwargs)
+    assert r.status_code == status, r.text
+    assert needle in r.json()["message"]
+    assert client.get("/api/v2/jobs").json() == before
+    assert submit(client, job_text(6)).status_code == 202
+
+
+def test_duplicate_submission_conflicts(client: TestClient) -> None:
+    assert submit(client, job_text(5)).status_code == 202
+    r = submit(client, job_text(5))
+    assert r.status_code == 409
+    assert r.json()["code"] == "ConflictJobError"
+    assert "job-config-5" in r.json()["message"]
+    assert submit(client, job_text(5), user="bob").status_code == 202
+    assert len(client.get("/api/v2/jobs").json()) == 2
+
+
+def test_user_may_come_from_the_query_string(client: TestClient) -> None:
+    r = client.post("/api/v2/jobs", params={"user": "bob"}, content=job_text(5))
+    assert r.status_code == 202
+    assert r.json()["id"] == "bob~job-config-5"
+
+
+def test_all_bad_inputs_in_a_row_leave_the_api_serving(client: TestClient) -> None:
+    for p in BAD_SUBMITS:
+        body, user, status, _ = p.values
+        r = client.post("/api/v2/jobs", content=body, headers={"X-Apiary-User": user} if user else {})
+        assert r.status_code == status
+    assert client.get("/api/v2/jobs").json() == []
+    assert client.get("/api/v2/events").json() == {"events": []}
+    assert submit(client, job_text(5)).status_code == 202
+    assert client.post("/api/v2/scheduler/cycle").status_code == 200

@@ -1,0 +1,237 @@
+"""PrefectBridge against a real Prefect server on loopback (marker ``prefect``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from apiary.tracking.bridge import PrefectBridge
+from apiary.tracking.prefect_server import start_prefect_server
+from apiary.tracking.source import MemoryEventSource
+
+pytestmark = pytest.mark.prefect
+
+
+@pytest.fixture(autouse=True)
+def _prefect_env(tmp_path_factory, monkeypatch):
+    home = tmp_path_factory.mktemp("prefect-client")
+    monkeypatch.setenv("PREFECT_HOME", str(home))
+    monkeypatch.setenv("DO_NOT_TRACK", "1")
+    monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = start_prefect_server(tmp_path_factory.mktemp("prefect-server"))
+    yield srv
+    srv.stop()
+
+
+def feed_job(src: MemoryEventSource, job_id: str, flow_run_id: str | None = None) -> None:
+    """submitted, waiting, placed, started, exited(1), retry, placed, started, exited(0), completed."""
+    user, name = job_id.split("~")
+    t = time.time()
+    src.emit(job_id, "job.submitted", {"user": user, "name": name, "virtualCluster": "default",
+                                       "priorityClass": "prod", "flowRunId": flow_run_id}, t)
+    src.emit(job_id, "job.waiting", {"attempt": 0, "reason": "insufficient free cells"}, t + 1)
+    src.emit(job_id, "job.placed", {"attempt": 0, "placements": [
+        {"taskRole": "train", "index": 0, "node": "node-1", "gpus": [0, 1]},
+        {"taskRole": "train", "index": 1, "node": "node-2", "gpus": [0, 1]},
+        {"taskRole": "ps", "index": 0, "node": "node-1", "gpus": []}]}, t + 2)
+    for role, index, node in (("train", 0, "node-1"), ("train", 1, "node-2"), ("ps", 0, "node-1")):
+        src.emit(job_id, "task.started", {"attempt": 0, "taskRole": role, "index": index, "node": node,
+                                          "gpus": [0, 1]}, t + 3)
+    src.write_log(job_id, "train", 0, 0, "stdout", "epoch 1 loss=0.9\n")
+    src.write_log(job_id, "train", 0, 0, "stderr", "CUDA error: out of memory\n")
+    src.emit(job_id, "task.exited", {"attempt": 0, "taskRole": "train", "index": 0, "exitCode": 1,
+                                     "phrase": "UserError"}, t + 4)
+    src.emit(job_id, "job.retry", {"attempt": 1, "kind": "user", "reason": "train/0 exited 1", "exitCode": 1}, t + 5)
+    src.emit(job_id, "job.placed", {"attempt": 1, "placements": [
+        {"taskRole": "train", "index": 0, "node": "node-3", "gpus": [2, 3]},
+        {"taskRole": "train", "index": 1, "node": "node-3", "gpus": [4, 5]},
+        {"taskRole": "ps", "index": 0, "node": "node-3", "gpus": []}]}, t + 6)
+    for role, index in (("train", 0), ("train", 1), ("ps", 0)):
+        src.emit(job_id, "task.started", {"attempt": 1, "taskRole": role, "index": index, "node": "node-3",
+                                          "gpus": [2, 3]}, t + 7)
+    src.write_log(job_id, "train", 0, 1, "stdout", "epoch 1 loss=0.9\nepoch 2 loss=0.5\ndone")
+    for role, index in (("train", 0), ("train", 1), ("ps", 0)):
+        src.emit(job_id, "task.exited", {"attempt": 1, "taskRole": role, "index": index, "exitCode": 0,
+                                         "phrase": "Succeeded"}, t + 8)
+    src.emit(job_id, "job.completed", {"state": "SUCCEEDED", "exitCode": 0, "attempt": 1}, t + 9)
+
+
+async def read_back(api_url: str, job_id: str) -> dict:
+    from prefect.client.orchestration import PrefectClient
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterId,
+        FlowRunFilterName,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
+
+    async with PrefectClient(api=api_url) as client:
+        runs = await client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=["apiary-job"])),
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[job_id])),
+        )
+        out: dict = {"flow_runs": runs}
+        if len(runs) == 1:
+            fr = runs[0]
+            out["task_runs"] = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[fr.id])))
+            out["logs"] = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[fr.id])))
+            out["artifacts"] = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[fr.id])))
+        return out
+
+
+EXPECTED_TASK_RUNS = {
+    "submit": "COMPLETED", "queue": "COMPLETED", "placement": "COMPLETED",
+    "run-train": "FAILED", "run-ps": "FAILED",
+    "retry@1": "COMPLETED", "queue@1": "COMPLETED", "placement@1": "COMPLETED", "run-train@1": "COMPLETED", "run-ps@1": "COMPLETED",
+    "complete": "COMPLETED",
+}
+
+
+def test_job_becomes_one_flow_run_with_task_runs_logs_and_artifact(server, tmp_path):
+    src = MemoryEventSource()
+    job_id = "alice~mnist-1"
+    feed_job(src, job_id)
+    bridge = PrefectBridge(src, server.api_url, tmp_path / "bridge.json")
+    n = asyncio.run(bridge.sync_once())
+    assert n == len(asyncio.run(src.events(0, 1000)))
+    assert bridge.cursor == n
+
+    got = asyncio.run(read_back(server.api_url, job_id))
+    assert len(got["flow_runs"]) == 1
+    fr = got["flow_runs"][0]
+    assert fr.state.type.value == "COMPLETED"
+    assert src.flow_runs[job_id] == str(fr.id)
+    assert "user:alice" in fr.tags
+
+    states = {t.name: t.state.type.value for t in got["task_runs"]}
+    assert states == EXPECTED_TASK_RUNS
+    assert all(t.state.is_final() for t in got["task_runs"])
+
+    messages = [log.message for log in got["logs"]]
+    assert "[train/0] epoch 1 loss=0.9" in messages
+    assert "[train/0] CUDA error: out of memory" in messages
+    assert "[train/0]@1 epoch 2 loss=0.5" in messages
+    assert "[train/0]@1 done" in messages  # the unterminated last line is shipped at exit
+    assert any(m.startswith("job.retry attempt=1") for m in messages)
+    out_logs = [log for log in got["logs"] if log.message == "[train/0]@1 done"]
+    run_train_1 = next(t for t in got["task_runs"] if t.name == "run-train@1")
+    assert out_logs[0].task_run_id == run_train_1.id
+
+    tables = [a for a in got["artifacts"] if a.type == "table"]
+    assert {a.key for a in tables} == {"placement-alice-mnist-1"}
+    rows = json.loads(tables[-1].data) if isinstance(tables[-1].data, str) else tables[-1].data
+    assert {"taskRole", "index", "node", "gpus", "attempt"} <= set(rows[0])
+    assert any(a.type == "markdown" for a in got["artifacts"])
+
+    # Nothing new: a second pass does nothing.
+    assert asyncio.run(bridge.sync_once()) == 0
+
+
+def test_restart_does_not_duplicate(server, tmp_path):
+    src = MemoryEventSource()
+    job_id = "bob~restart-1"
+    feed_job(src, job_id)
+    state = tmp_path / "bridge.json"
+    asyncio.run(PrefectBridge(src, server.api_url, state).sync_once())
+    before = asyncio.run(read_back(server.api_url, job_id))
+
+    # A new bridge on the same state file: nothing left to do.
+    assert asyncio.run(PrefectBridge(src, server.api_url, state).sync_once()) == 0
+    # Lost state (crash before the first save): replaying every event still does not duplicate.
+    state.unlink()
+    replay = PrefectBridge(src, server.api_url, state)
+    assert asyncio.run(replay.sync_once()) > 0
+
+    after = asyncio.run(read_back(server.api_url, job_id))
+    assert len(after["flow_runs"]) == 1
+    assert after["flow_runs"][0].id == before["flow_runs"][0].id
+    assert sorted(t.id for t in after["task_runs"]) == sorted(t.id for t in before["task_runs"])
+
+
+def test_attaches_to_existing_flow_run_and_leaves_its_state(server, tmp_path):
+    from prefect.client.orchestration import PrefectClient
+    from prefect.states import Running
+
+    async def make_run():
+        async with PrefectClient(api=server.api_url) as client:
+            flow_id = await client.create_flow_from_name("apiary-job")
+            from prefect.client.schemas.actions import FlowRunCreate
+
+            resp = await client.request("POST", "/flow_runs/", json=FlowRunCreate(
+                flow_id=flow_id, name="carol~deployed").model_dump(mode="json", exclude_unset=True))
+            fid = resp.json()["id"]
+            await client.set_flow_run_state(fid, Running(), force=True)
+            return fid
+
+    fid = asyncio.run(make_run())
+    src = MemoryEventSource()
+    feed_job(src, "carol~deployed", flow_run_id=fid)
+    asyncio.run(PrefectBridge(src, server.api_url, tmp_path / "b.json").sync_once())
+    got = asyncio.run(read_back(server.api_url, "carol~deployed"))
+    assert [str(r.id) for r in got["flow_runs"]] == [fid]
+    assert got["flow_runs"][0].state.type.value == "RUNNING"  # the flow engine owns it
+    assert {t.name for t in got["task_runs"]} == set(EXPECTED_TASK_RUNS)
+    assert "carol~deployed" not in src.flow_runs  # the job already knows its flow run
+
+
+def test_server_down_then_catch_up(tmp_path):
+    home = tmp_path / "prefect"
+    srv = start_prefect_server(home)
+    port = srv.port
+    try:
+        src = MemoryEventSource()
+        bridge = PrefectBridge(src, srv.api_url, tmp_path / "bridge.json")
+        feed_job(src, "dave~first")
+        asyncio.run(bridge.sync_once())
+        cursor = bridge.cursor
+        srv.stop()
+
+        feed_job(src, "dave~second")
+        t0 = time.monotonic()
+        assert asyncio.run(bridge.sync_once()) == 0
+        assert time.monotonic() - t0 < 10
+        assert bridge.cursor == cursor
+        assert json.loads(Path(tmp_path / "bridge.json").read_text())["cursor"] == cursor
+
+        srv = start_prefect_server(home, port=port)  # same DB, same URL
+        assert asyncio.run(bridge.sync_once()) > 0
+        assert bridge.cursor == len(asyncio.run(src.events(0, 1000)))
+        for job_id in ("dave~first", "dave~second"):
+            got = asyncio.run(read_back(srv.api_url, job_id))
+            assert len(got["flow_runs"]) == 1
+            assert got["flow_runs"][0].state.type.value == "COMPLETED"
+            assert {t.name for t in got["task_runs"]} == set(EXPECTED_TASK_RUNS)
+    finally:
+        srv.stop()
+
+
+def test_run_forever_survives_server_down(tmp_path):
+    src = MemoryEventSource()
+    feed_job(src, "erin~offline")
+    bridge = PrefectBridge(src, "http://127.0.0.1:9/api", tmp_path / "b.json")  # nothing listens
+
+    async def run_a_while():
+        task = asyncio.create_task(bridge.run_forever(poll_s=0.05))
+        await asyncio.sleep(1.0)
+        assert not task.done()  # never raised
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run_a_while())
+    assert bridge.cursor == 0
