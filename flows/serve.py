@@ -16,13 +16,15 @@ from pathlib import Path
 # flows/ is not a package: make its siblings importable when run as a script.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from job import apiary_job  # noqa: E402
 from prefect import serve  # noqa: E402
+
+from job import apiary_job  # noqa: E402
 from scheduling import scheduling_loop  # noqa: E402
 
 
-def main() -> None:
-    api_url = os.environ.get("APIARY_API_URL")
+def deployments(api_url: str | None = None) -> list:
+    """The two deployments (``submit``, ``loop``); ``api_url`` defaults to ``APIARY_API_URL``."""
+    api_url = api_url or os.environ.get("APIARY_API_URL")
     submit = apiary_job.to_deployment(
         name="submit",
         parameters={"api_url": api_url} if api_url else None,
@@ -36,7 +38,11 @@ def main() -> None:
         description="Drive Apiary's scheduler and record its decisions.",
         tags=["apiary"],
     )
-    serve(submit, loop)
+    return [submit, loop]
+
+
+def main() -> None:
+    serve(*deployments())
 
 
 if __name__ == "__main__":

@@ -345,12 +345,6 @@ def test_job_retry_count(h: Harness, job_retry_count: int, code: int, user_retri
     assert h.plane.assignments(DAN) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: plane._task_exited retries a failed task in place (taskRetryCount path) without checking "
-    "spec.gang, so a transient exit (137, ALWAYS_RETRY) of a gang job restarts the task in place forever "
-    "instead of ending the attempt and making a platform job retry",
-)
 def test_transient_exit_is_a_platform_retry_not_counted_against_job_retry_count(h: Harness) -> None:
     assert classify_exit(137).reaction == "ALWAYS_RETRY"
     jid = h.submit(0, jobRetryCount=0)  # gangAllocation defaults to true
@@ -714,12 +708,6 @@ def test_lost_node_fails_its_task_with_exit_node_lost_as_a_platform_retry(h: Har
     assert h.find(jid) is None or h.find(jid)["runId"] != old_run
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: plane._check_lost_nodes calls _task_exited (which, once the attempt has no live task, "
-    "already starts the retry attempt and bumps job.attempt) and THEN _stop_attempt(job), which stops "
-    "the NEW attempt's WAITING tasks; the job stays WAITING forever with only STOPPED tasks",
-)
 def test_job_on_a_lost_node_is_placed_again_when_the_node_returns(h: Harness) -> None:
     jid = h.submit(0)
     h.cycle()

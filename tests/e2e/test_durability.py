@@ -39,7 +39,7 @@ def assert_never_two_on_one_gpu(intervals):
         by_node.setdefault(node, []).append((t0, t1, key))
     for node, spans in by_node.items():
         spans.sort()
-        for (a0, a1, ka), (b0, b1, kb) in zip(spans, spans[1:], strict=False):
+        for (_a0, a1, ka), (b0, _b1, kb) in zip(spans, spans[1:], strict=False):
             # Events are stamped when the control plane hears of them, so allow the report lag.
             assert b0 >= a1 - 0.5, f"{ka} and {kb} overlapped on {node}"
 

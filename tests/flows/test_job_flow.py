@@ -157,7 +157,6 @@ def test_run_form_is_the_job_spec():
 
 def test_scheduling_flow_records_decisions(prefect_api, monkeypatch):
     from fastapi import FastAPI
-
     from flows.scheduling import scheduling_loop
 
     fake = FakeApiary()
@@ -188,3 +187,19 @@ _real_sleep = asyncio.sleep
 
 async def _fast_sleep(_s: float) -> None:
     await _real_sleep(0.01)
+
+
+def test_serve_builds_both_deployments(monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    monkeypatch.setenv("APIARY_API_URL", "http://127.0.0.1:1")
+    path = Path(__file__).resolve().parents[2] / "flows" / "serve.py"
+    spec = importlib.util.spec_from_file_location("apiary_flows_serve", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    submit, loop = mod.deployments()
+    assert (submit.name, submit.flow_name) == ("submit", "apiary-job")
+    assert (loop.name, loop.flow_name) == ("loop", "scheduling-loop")
+    assert submit.parameters == {"api_url": "http://127.0.0.1:1"}
+    assert loop.schedules[0].schedule.interval.total_seconds() == 60

@@ -97,7 +97,8 @@ async def read_back(api_url: str, job_id: str) -> dict:
 EXPECTED_TASK_RUNS = {
     "submit": "COMPLETED", "queue": "COMPLETED", "placement": "COMPLETED",
     "run-train": "FAILED", "run-ps": "FAILED",
-    "retry@1": "COMPLETED", "queue@1": "COMPLETED", "placement@1": "COMPLETED", "run-train@1": "COMPLETED", "run-ps@1": "COMPLETED",
+    "retry@1": "COMPLETED", "queue@1": "COMPLETED", "placement@1": "COMPLETED",
+    "run-train@1": "COMPLETED", "run-ps@1": "COMPLETED",
     "complete": "COMPLETED",
 }
 
@@ -235,3 +236,28 @@ def test_run_forever_survives_server_down(tmp_path):
 
     asyncio.run(run_a_while())
     assert bridge.cursor == 0
+
+
+def test_output_of_running_instances_is_shipped_periodically(server, tmp_path):
+    src = MemoryEventSource()
+    job_id = "frank~long"
+    src.emit(job_id, "job.submitted", {"user": "frank", "name": "long", "flowRunId": None})
+    src.emit(job_id, "job.placed", {"attempt": 0, "placements": [
+        {"taskRole": "train", "index": 0, "node": "node-1", "gpus": [0]}]})
+    src.emit(job_id, "task.started", {"attempt": 0, "taskRole": "train", "index": 0, "node": "node-1", "gpus": [0]})
+    src.write_log(job_id, "train", 0, 0, "stdout", "step 1\nstep 2 (partial")
+    bridge = PrefectBridge(src, server.api_url, tmp_path / "b.json", log_interval_s=0)
+    asyncio.run(bridge.sync_once())
+    messages = [log.message for log in asyncio.run(read_back(server.api_url, job_id))["logs"]]
+    assert "[train/0] step 1" in messages
+    assert not any("partial" in m for m in messages)  # only complete lines while running
+
+    src.write_log(job_id, "train", 0, 0, "stdout", ")\nstep 3\n")
+    src.emit(job_id, "task.exited", {"attempt": 0, "taskRole": "train", "index": 0, "exitCode": 0})
+    src.emit(job_id, "job.completed", {"state": "FAILED", "exitCode": 0, "attempt": 0})
+    asyncio.run(bridge.sync_once())
+    got = asyncio.run(read_back(server.api_url, job_id))
+    messages = [log.message for log in got["logs"]]
+    assert messages.count("[train/0] step 1") == 1
+    assert "[train/0] step 2 (partial)" in messages and "[train/0] step 3" in messages
+    assert got["flow_runs"][0].state.type.value == "FAILED"

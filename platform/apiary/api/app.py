@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import time
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -54,13 +55,13 @@ class NodeReport(BaseModel):
 
 
 def create_app(plane: ControlPlane) -> FastAPI:
-    app = FastAPI(title="Apiary", version="0.1.0", description="Multi-tenant GPU cluster platform")
-    app.state.plane = plane
-    started = time.time()
     waiters: dict[str, asyncio.Event] = {}
+    started = time.time()
 
-    @app.on_event("startup")
-    async def _bind_notifier() -> None:
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        # Bind the plane's change notifications to this event loop, so a placement committed by
+        # the scheduling thread wakes the agents' long polls at once.
         loop = asyncio.get_running_loop()
 
         def notify(nodes: set[str]) -> None:
@@ -70,6 +71,10 @@ def create_app(plane: ControlPlane) -> FastAPI:
                     ev.set()
 
         plane.on_nodes_changed = lambda nodes: loop.call_soon_threadsafe(notify, set(nodes))
+        yield
+
+    app = FastAPI(title="Apiary", version="0.1.0", description="Multi-tenant GPU cluster platform", lifespan=lifespan)
+    app.state.plane = plane
 
     @app.exception_handler(ApiaryError)
     async def _apiary_error(_request: Request, exc: ApiaryError) -> JSONResponse:

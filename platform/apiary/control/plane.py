@@ -308,10 +308,12 @@ class ControlPlane:
                 job.execution_type = "STOP"
                 self._event(s, job_id, "job.stop_requested")
                 attempt = s.get(Attempt, (job.id, job.attempt))
-                # A stop overrides a pending preemption or failure: the job must not retry.
-                attempt.outcome = "STOPPED"
-                attempt.exit_code = EXIT_STOPPED
-                attempt.reason = "Stopped by the user."
+                # A stop overrides a pending preemption or failure (the job must not retry), but
+                # not a success the completion policy already decided.
+                if attempt.outcome != "SUCCEEDED":
+                    attempt.outcome = "STOPPED"
+                    attempt.exit_code = EXIT_STOPPED
+                    attempt.reason = "Stopped by the user."
                 self._stop_attempt(s, job, "user-stop")
                 self.scheduler.cancel(job_id)
                 self._maybe_finish_attempt(s, job)
@@ -613,6 +615,7 @@ class ControlPlane:
         tr = spec.task_roles[task.task_role]
         if (
             task.state == TaskState.FAILED.value
+            and not spec.gang  # OpenPAI honours taskRetryCount only without gang allocation
             and attempt.outcome is None
             and task_retry(code, task_retries=task.task_attempt, task_retry_count=tr.task_retry_count)
         ):
@@ -756,9 +759,13 @@ class ControlPlane:
                 t.desired = "STOP" if t.desired == "STOP" else "RUN"
                 if t.state == TaskState.STARTING.value:
                     self._set_task_state(t, TaskState.RUNNING)
+                decided = t.attempt
                 self._task_exited(s, job, t, EXIT_NODE_LOST, now)
-                self._stop_attempt(s, job, "node-lost")
-                self._maybe_finish_attempt(s, job)
+                # _task_exited may already have ended the attempt and created the retry; only
+                # the lost attempt's other tasks are to be stopped, never the new attempt's.
+                if job.attempt == decided and not JobState(job.state).is_final:
+                    self._stop_attempt(s, job, "node-lost")
+                    self._maybe_finish_attempt(s, job)
 
     def assignments(self, node: str) -> list[dict]:
         """The task runs ``node`` should be running now, with everything needed to launch them.

@@ -78,13 +78,20 @@ class HttpEventSource:
     created lazily in the running event loop; call :meth:`aclose` when done.
     """
 
-    def __init__(self, api_url: str, timeout_s: float = 10.0, user: str = "prefect-bridge") -> None:
+    def __init__(
+        self,
+        api_url: str,
+        timeout_s: float = 10.0,
+        user: str = "prefect-bridge",
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         base = api_url.rstrip("/")
         if base.endswith(API_PREFIX):
             base = base[: -len(API_PREFIX)]
         self.base_url = base
         self.timeout_s = timeout_s
         self.user = user
+        self._transport = transport  # tests pass httpx.MockTransport
         self._client: httpx.AsyncClient | None = None
         self._loop: Any = None
 
@@ -98,6 +105,7 @@ class HttpEventSource:
                 base_url=self.base_url + API_PREFIX,
                 timeout=self.timeout_s,
                 headers={USER_HEADER: self.user},
+                transport=self._transport,
             )
             self._loop = loop
         return self._client
