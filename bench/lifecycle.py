@@ -271,8 +271,15 @@ def _wait_started(client: ApiaryClient, job_id: str, timeout_s: float, poll_s: f
 
 
 def measure_start_latency(
-    samples: int = 100, *, nodes: int = 16, gpus_per_node: int = 8, prefect: bool = True,
-    warmup: int = 2, settle_s: float = 5.0, per_job_timeout_s: float = 60.0, poll_s: float = 0.02,
+    samples: int = 100,
+    *,
+    nodes: int = 16,
+    gpus_per_node: int = 8,
+    prefect: bool = True,
+    warmup: int = 2,
+    settle_s: float = 5.0,
+    per_job_timeout_s: float = 60.0,
+    poll_s: float = 0.02,
 ) -> LatencyResult:
     """Submit ``samples`` 1-GPU ``sleep 0.2`` jobs one at a time; each latency is the task's
     agent-recorded spawn time (task JSON ``startTime``) minus the job's ``submissionTime``
@@ -339,6 +346,7 @@ def count_flow_runs(prefect_api_url: str) -> tuple[int, int]:
         FlowFilter,
         FlowFilterName,
         FlowRunFilter,
+        FlowRunFilterState,
         FlowRunFilterStateType,
     )
     from prefect.client.schemas.objects import StateType
@@ -346,7 +354,9 @@ def count_flow_runs(prefect_api_url: str) -> tuple[int, int]:
 
     flows = FlowFilter(name=FlowFilterName(any_=["apiary-job"]))
     final = FlowRunFilter(
-        state=FlowRunFilterStateType(any_=[StateType.COMPLETED, StateType.FAILED, StateType.CANCELLED])
+        state=FlowRunFilterState(
+            type=FlowRunFilterStateType(any_=[StateType.COMPLETED, StateType.FAILED, StateType.CANCELLED])
+        )
     )
 
     async def go() -> tuple[int, int]:
@@ -360,9 +370,18 @@ def count_flow_runs(prefect_api_url: str) -> tuple[int, int]:
 
 
 def measure_concurrent(
-    jobs: int = 1000, *, nodes: int = 128, gpus_per_node: int = 8, sleep_s: float = 20.0,
-    submit_threads: int = 8, rss_period_s: float = 0.2, list_period_s: float = 1.0,
-    finish_timeout_s: float = 600.0, bridge_timeout_s: float = 300.0, settle_s: float = 5.0,
+    jobs: int = 1000,
+    *,
+    nodes: int = 128,
+    gpus_per_node: int = 8,
+    sleep_s: float = 20.0,
+    submit_threads: int = 8,
+    rss_period_s: float = 0.2,
+    list_period_s: float = 1.0,
+    finish_timeout_s: float = 600.0,
+    bridge_timeout_s: float = 300.0,
+    stall_s: float = 90.0,
+    settle_s: float = 5.0,
 ) -> ConcurrentResult:
     """Submit ``jobs`` 1-GPU ``sleep <sleep_s>`` jobs as fast as ``submit_threads`` threads can
     through the API on a prefect=True Embedded; sample the platform's RSS (:func:`rss_mb`) every
@@ -424,7 +443,10 @@ def measure_concurrent(
             res.all_final_s = time.monotonic() - t0
             logger.info("concurrent: all final after %.1f s (peak running %d)", res.all_final_s, res.peak_running)
             # The bridge catches up: every job a flow run, and every flow run final.
+            # Bounded by bridge_timeout_s, and by stall_s without any progress (a bridge that is
+            # crash-looping or wedged would otherwise hold the run for the whole timeout).
             deadline = time.monotonic() + bridge_timeout_s
+            last, last_change = None, time.monotonic()
             while True:
                 try:
                     res.flow_runs, res.flow_runs_final = count_flow_runs(prefect_api)
@@ -433,9 +455,17 @@ def measure_concurrent(
                 if res.flow_runs >= len(ids) and res.flow_runs_final >= len(ids):
                     res.bridge_caught_up_s = time.monotonic() - t0
                     break
-                if time.monotonic() > deadline:
-                    logger.warning("bridge not caught up after %.0f s: %d flow runs, %d final",
-                                   bridge_timeout_s, res.flow_runs, res.flow_runs_final)
+                now = time.monotonic()
+                if (res.flow_runs, res.flow_runs_final) != last:
+                    last, last_change = (res.flow_runs, res.flow_runs_final), now
+                if now > deadline or now - last_change > stall_s:
+                    logger.warning(
+                        "bridge not caught up (%.0f s, %.0f s without progress): %d flow runs, %d final",
+                        now - (deadline - bridge_timeout_s),
+                        now - last_change,
+                        res.flow_runs,
+                        res.flow_runs_final,
+                    )
                     break
                 time.sleep(2.0)
         res.peak_rss_mb, res.peak_parts, res.rss_samples = sampler.peak, sampler.peak_parts, sampler.samples

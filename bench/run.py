@@ -40,8 +40,10 @@ BENCHMARKS = ("lifecycle.start_latency", "lifecycle.concurrent")
 
 def machine() -> str:
     mem = psutil.virtual_memory().total / 2**30
-    return (f"nproc={os.cpu_count()} mem={mem:.1f}GiB {platform.system()} {platform.release()} "
-            f"{platform.machine()} python={platform.python_version()}")
+    return (
+        f"nproc={os.cpu_count()} mem={mem:.1f}GiB {platform.system()} {platform.release()} "
+        f"{platform.machine()} python={platform.python_version()}"
+    )
 
 
 def raise_nofile() -> tuple[int, int]:
@@ -131,12 +133,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke size: 20 latency samples, 100 concurrent jobs")
     ap.add_argument("--out", type=Path, default=BENCH_DIR / "results.json", help="results file (merged)")
     ap.add_argument("--thresholds", type=Path, default=BENCH_DIR / "thresholds.yaml")
-    ap.add_argument("--no-prefect-latency", action="store_true",
-                    help="measure start latency with prefect=False (default: the real platform, prefect=True)")
+    ap.add_argument(
+        "--no-prefect-latency",
+        action="store_true",
+        help="measure start latency with prefect=False (default: the real platform, prefect=True)",
+    )
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
     for noisy in ("httpx", "httpcore", "prefect"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     which = args.only or list(BENCHMARKS)
@@ -151,10 +157,13 @@ def main(argv: list[str] | None = None) -> int:
             section.update(r.to_dict())
             section["start_latency_prefect"] = r.prefect
             obs = sorted(r.observed)
-            print(f"start_latency: n={len(r.samples)} p50={section['start_latency_p50_s']:.3f}s "
-                  f"p99={section['start_latency_p99_s']:.3f}s max={max(r.samples):.3f}s "
-                  f"(client-observed submit->startTime seen: p50={lifecycle.percentile(obs, 50):.3f}s "
-                  f"p99={lifecycle.percentile(obs, 99):.3f}s; prefect={r.prefect})", flush=True)
+            print(
+                f"start_latency: n={len(r.samples)} p50={section['start_latency_p50_s']:.3f}s "
+                f"p99={section['start_latency_p99_s']:.3f}s max={max(r.samples):.3f}s "
+                f"(client-observed submit->startTime seen: p50={lifecycle.percentile(obs, 50):.3f}s "
+                f"p99={lifecycle.percentile(obs, 99):.3f}s; prefect={r.prefect})",
+                flush=True,
+            )
         except Exception:
             errors.append("lifecycle.start_latency")
             traceback.print_exc()
@@ -164,11 +173,14 @@ def main(argv: list[str] | None = None) -> int:
             r = lifecycle.measure_concurrent(jobs, nodes=16 if args.quick else 128, sleep_s=5 if args.quick else 20)
             section.update(r.to_dict())
             parts = ", ".join(f"{k}={v:.0f}" for k, v in sorted(r.peak_parts.items()))
-            print(f"concurrent: jobs={r.jobs} submitted in {r.submit_s:.1f}s (errors {r.submit_errors}), "
-                  f"peak running={r.peak_running}, all final after {r.all_final_s:.1f}s {r.states}, "
-                  f"peak RSS={r.peak_rss_mb:.0f} MB [{parts}] over {r.rss_samples} samples, "
-                  f"flow runs={r.flow_runs} (final {r.flow_runs_final}, caught up at {r.bridge_caught_up_s}), "
-                  f"child restarts={r.restarts}", flush=True)
+            print(
+                f"concurrent: jobs={r.jobs} submitted in {r.submit_s:.1f}s (errors {r.submit_errors}), "
+                f"peak running={r.peak_running}, all final after {r.all_final_s:.1f}s {r.states}, "
+                f"peak RSS={r.peak_rss_mb:.0f} MB [{parts}] over {r.rss_samples} samples, "
+                f"flow runs={r.flow_runs} (final {r.flow_runs_final}, caught up at {r.bridge_caught_up_s}), "
+                f"child restarts={r.restarts}",
+                flush=True,
+            )
         except Exception:
             errors.append("lifecycle.concurrent")
             traceback.print_exc()

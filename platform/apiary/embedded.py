@@ -89,6 +89,8 @@ class Embedded:
     prefect_api_url: str | None = None
     workdir: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    #: Restart a dead Prefect server. Tests turn it off for a while to prove jobs run without Prefect.
+    restart_prefect: bool = True
     children: dict[str, Child] = field(default_factory=dict)
     prefect_server: PrefectServer | None = None
 
@@ -196,7 +198,12 @@ class Embedded:
                 logger.warning("child=%s exited code=%s; restarting (restart %d)", child.name, code, child.restarts)
                 time.sleep(min(0.2 * child.restarts, 2.0))
                 child.start()
-        if self.prefect_server is not None and not self.prefect_server.alive() and not self._stop.is_set():
+        if (
+            self.restart_prefect
+            and self.prefect_server is not None
+            and not self.prefect_server.alive()
+            and not self._stop.is_set()
+        ):
             logger.warning("prefect server died; restarting on port %d", self.prefect_server.port)
             try:
                 self.prefect_server = start_prefect_server(self.home / "prefect", port=self.prefect_server.port)

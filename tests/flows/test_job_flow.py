@@ -98,12 +98,14 @@ def prefect_api(tmp_path_factory):
 
     srv = start_prefect_server(tmp_path_factory.mktemp("prefect-server"))
     client_home = tmp_path_factory.mktemp("prefect-client")
-    with temporary_settings(updates={PREFECT_API_URL: srv.api_url, PREFECT_HOME: str(client_home)}):
-        yield srv.api_url
-        from prefect.logging.handlers import APILogWorker
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: srv.api_url, PREFECT_HOME: str(client_home)}):
+            yield srv.api_url
+            from prefect.logging.handlers import APILogWorker
 
-        APILogWorker.drain_all(timeout=5)  # ship queued flow logs before the server goes away
-    srv.stop()
+            APILogWorker.drain_all(timeout=5)  # ship queued flow logs before the server goes away
+    finally:
+        srv.stop()
 
 
 @pytest.fixture

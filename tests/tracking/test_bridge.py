@@ -27,8 +27,10 @@ def _prefect_env(tmp_path_factory, monkeypatch):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     srv = start_prefect_server(tmp_path_factory.mktemp("prefect-server"))
-    yield srv
-    srv.stop()
+    try:
+        yield srv
+    finally:
+        srv.stop()
 
 
 def feed_job(src: MemoryEventSource, job_id: str, flow_run_id: str | None = None) -> None:

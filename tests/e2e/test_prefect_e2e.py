@@ -1,0 +1,157 @@
+"""Every job is a Prefect flow run, on a real Prefect server started by the embedded platform.
+
+- a flow run of the ``apiary-job/submit`` deployment, created through the Prefect API exactly as
+  the UI's run form does, runs the job and reaches Completed;
+- a job submitted through the API gets its own flow run with the lifecycle's task runs and logs;
+- with the Prefect server killed, jobs are still accepted and run, and the UI catches up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+import yaml
+
+from apiary.client import ApiaryClient
+from apiary.demo.lab6 import LAB6, job_text, nodes_ready, until
+from apiary.embedded import REPO_ROOT, Embedded
+
+pytestmark = [pytest.mark.e2e, pytest.mark.prefect]
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory):
+    home = tmp_path_factory.mktemp("apiary")
+    saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME", "DO_NOT_TRACK")}
+    p = Embedded(home=home, cluster=LAB6 / "hived-config-two-vcs.yaml", prefect=True, workdir=str(REPO_ROOT))
+    p.start()
+    p.start_supervisor(period_s=0.2)
+    os.environ.update({"PREFECT_API_URL": p.prefect_server.api_url, "PREFECT_HOME": str(home / "prefect"),
+                       "DO_NOT_TRACK": "1"})
+    c = ApiaryClient(p.api_url)
+    until(lambda: nodes_ready(c, 2), 60, "node agents")
+    yield p, c
+    p.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def prefect(coro_fn):
+    """Run ``coro_fn(client)`` with a fresh Prefect client (the API URL can change across a restart)."""
+    from prefect.client.orchestration import get_client
+
+    async def main():
+        async with get_client() as client:
+            return await coro_fn(client)
+
+    return asyncio.run(main())
+
+
+def flow_run_named(name: str):
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    async def q(client):
+        runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
+        return runs[0] if runs else None
+
+    return prefect(q)
+
+
+def task_run_names(flow_run_id) -> set[str]:
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def q(client):
+        runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        return {r.name for r in runs if r.state and r.state.is_final()}
+
+    return prefect(q)
+
+
+def flow_logs(flow_run_id) -> str:
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    async def q(client):
+        logs = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+        return "\n".join(log.message for log in logs)
+
+    return prefect(q)
+
+
+def completed(name: str):
+    run = flow_run_named(name)
+    return run if run is not None and run.state_name == "Completed" else None
+
+
+def test_run_form_submission_from_the_job_deployment(platform):
+    p, c = platform
+    spec = yaml.safe_load(job_text(0, 1, name="from-prefect-ui"))
+
+    async def create(client):
+        deployment = await client.read_deployment_by_name("apiary-job/submit")
+        return await client.create_flow_run_from_deployment(deployment.id, parameters={"job": spec, "user": "dave"})
+
+    run = until(lambda: _try(lambda: prefect(create)), 60, "the apiary-job/submit deployment")
+    job = until(lambda: _try(lambda: c.get("dave~from-prefect-ui")), 120, "the job submitted by the flow run")
+    job = c.wait(job["id"], timeout=120)
+    assert job["state"] == "SUCCEEDED"
+    assert job["flowRunId"] == str(run.id)
+    final = until(lambda: (r := prefect(lambda cl: cl.read_flow_run(run.id))).state.is_final() and r, 120,
+                  "the deployment's flow run to finish")
+    assert final.state_name == "Completed" and final.name == "dave~from-prefect-ui"
+    # The bridge attached the job's lifecycle to the deployment's own flow run.
+    names = until(lambda: {"placement", "run-train"} <= (n := task_run_names(run.id)) and n, 60, "task runs")
+    assert "submit" in names
+
+
+def test_cli_job_is_a_flow_run_with_lifecycle_task_runs_and_logs(platform):
+    p, c = platform
+    job_id = c.submit(job_text(0, 1, name="watched"), user="erin")["id"]
+    assert c.wait(job_id, timeout=120)["state"] == "SUCCEEDED"
+    run = until(lambda: completed(job_id), 120, "the job's flow run Completed")
+    names = until(lambda: {"submit", "queue", "placement", "run-train", "complete"} <= (n := task_run_names(run.id))
+                  and n, 60, "lifecycle task runs")
+    assert names
+    assert "epoch 1/1" in until(lambda: flow_logs(run.id), 60, "job logs in Prefect")
+
+    async def artifacts(client):
+        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+        return await client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(
+            any_=[run.id])))
+
+    kinds = {a.type for a in prefect(artifacts)}
+    assert "table" in kinds
+
+
+def test_jobs_run_while_prefect_is_down_and_the_ui_catches_up(platform):
+    p, c = platform
+    server = p.prefect_server
+    p.restart_prefect = False
+    os.killpg(server.pid, signal.SIGKILL)
+    until(lambda: not server.alive(), 10, "prefect server dead")
+    t0 = time.monotonic()
+    job_id = c.submit(job_text(0, 1, name="while-prefect-down"), user="frank")["id"]
+    job = c.wait(job_id, timeout=120)
+    assert job["state"] == "SUCCEEDED"
+    ran_in = time.monotonic() - t0
+    assert _try(lambda: flow_run_named(job_id)) is None, "Prefect answered while it should be down"
+    p.restart_prefect = True
+    until(lambda: p.prefect_server is not server and p.prefect_server.alive(), 120, "prefect server restarted")
+    run = until(lambda: _try(lambda: completed(job_id)), 180, "the flow run after Prefect returned")
+    assert run.name == job_id
+    assert ran_in < 60
+
+
+def _try(fn):
+    try:
+        return fn()
+    except Exception:
+        time.sleep(0.5)
+        return None
