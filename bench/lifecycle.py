@@ -447,6 +447,7 @@ def measure_concurrent(
             # crash-looping or wedged would otherwise hold the run for the whole timeout).
             deadline = time.monotonic() + bridge_timeout_s
             last, last_change = None, time.monotonic()
+            last_log = time.monotonic()
             while True:
                 try:
                     res.flow_runs, res.flow_runs_final = count_flow_runs(prefect_api)
@@ -456,6 +457,9 @@ def measure_concurrent(
                     res.bridge_caught_up_s = time.monotonic() - t0
                     break
                 now = time.monotonic()
+                if now - last_log >= 30:
+                    last_log = now
+                    logger.info("concurrent: %d flow runs, %d final", res.flow_runs, res.flow_runs_final)
                 if (res.flow_runs, res.flow_runs_final) != last:
                     last, last_change = (res.flow_runs, res.flow_runs_final), now
                 if now > deadline or now - last_change > stall_s:

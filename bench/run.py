@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     which = args.only or list(BENCHMARKS)
     nofile = raise_nofile()
-    print(f"machine: {machine()}  RLIMIT_NOFILE={nofile}", flush=True)
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"machine: {machine()}  RLIMIT_NOFILE={nofile}  loadavg={load}", flush=True)
 
     section: dict = {}
     errors: list[str] = []

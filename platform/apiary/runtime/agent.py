@@ -67,6 +67,7 @@ class NodeAgent:
         self.workdir = workdir or os.getcwd()
         self.agent_id = uuid.uuid4().hex[:12]
         self._tombstones: set[str] = set()
+        # Statuses the backend cannot give: launch failures and runs stopped before launch.
         self._failed: dict[str, TaskStatus] = {}
         self._stopping: set[str] = set()
         self._sent: dict[str, tuple] = {}
@@ -127,6 +128,14 @@ class NodeAgent:
                         run_id=run_id, state="exited", exit_code=EXIT_LAUNCH_FAILED, pid=None,
                         started_at=now, finished_at=now,
                     )
+            elif self.backend.status(run_id) is None:
+                # Asked to stop a run this node never started (stopped before it was launched):
+                # report it ended so the control plane can finish the attempt, and never launch it.
+                now = time.time()
+                self._failed[run_id] = TaskStatus(
+                    run_id=run_id, state="exited", exit_code=None, pid=None, started_at=None, finished_at=now,
+                    stopped=True,
+                )
             else:
                 self._stop_async(run_id)
         for st in self.backend.list():

@@ -1,0 +1,41 @@
+"""Node agent reconciliation rules that need no control plane (its HTTP side is covered end to end)."""
+
+from __future__ import annotations
+
+from apiary.runtime.agent import NodeAgent
+from apiary.runtime.process import ProcessBackend
+
+
+def assignment(run_id: str, desired: str) -> dict:
+    return {
+        "runId": run_id,
+        "desired": desired,
+        "launch": {
+            "run_id": run_id, "job_id": "alice~j", "user": "alice", "job_name": "j", "task_role": "train",
+            "index": 0, "commands": ["sleep 30"], "env": {}, "gpus": [0], "image": None, "cpu": 1, "memory_mb": 1,
+        },
+    }
+
+
+def make_agent(tmp_path) -> NodeAgent:
+    return NodeAgent("n1", "http://unused", ProcessBackend(tmp_path), client=None, gpus=1, simulated_gpus=True,
+                     workdir=str(tmp_path))
+
+
+def test_stop_of_a_never_launched_run_is_reported_and_never_launched(tmp_path):
+    agent = make_agent(tmp_path)
+    agent._reconcile([assignment("alice~j.a0.train.0.t0", "STOP")])
+    status = agent._failed["alice~j.a0.train.0.t0"]
+    assert status.state == "exited" and status.stopped and status.started_at is None
+    # A stale list that still says RUN must not start it.
+    agent._reconcile([assignment("alice~j.a0.train.0.t0", "RUN")])
+    assert agent.backend.status("alice~j.a0.train.0.t0") is None
+
+
+def test_run_assignment_launches_once(tmp_path):
+    agent = make_agent(tmp_path)
+    agent._reconcile([assignment("alice~j.a0.train.0.t1", "RUN")])
+    agent._reconcile([assignment("alice~j.a0.train.0.t1", "RUN")])
+    runs = agent.backend.list()
+    assert [r.run_id for r in runs] == ["alice~j.a0.train.0.t1"] and runs[0].state == "running"
+    agent.backend.stop("alice~j.a0.train.0.t1", grace_s=1)
