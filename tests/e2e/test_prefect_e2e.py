@@ -32,6 +32,7 @@ def platform(tmp_path_factory):
     p.start_supervisor(period_s=0.2)
     os.environ.update({"PREFECT_API_URL": p.prefect_server.api_url, "PREFECT_HOME": str(home / "prefect"),
                        "DO_NOT_TRACK": "1"})
+    PREFECT_API["url"] = p.prefect_server.api_url  # a restarted server keeps its port
     c = ApiaryClient(p.api_url)
     until(lambda: nodes_ready(c, 2), 60, "node agents")
     yield p, c
@@ -43,12 +44,17 @@ def platform(tmp_path_factory):
             os.environ[k] = v
 
 
+PREFECT_API: dict[str, str] = {}
+
+
 def prefect(coro_fn):
-    """Run ``coro_fn(client)`` with a fresh Prefect client (the API URL can change across a restart)."""
-    from prefect.client.orchestration import get_client
+    """Run ``coro_fn(client)`` with a fresh client of the platform's Prefect server. The URL is
+    passed explicitly: Prefect caches settings per process, and an earlier test module may have
+    pointed them elsewhere (a client without a URL would start a temporary server)."""
+    from prefect.client.orchestration import PrefectClient
 
     async def main():
-        async with get_client() as client:
+        async with PrefectClient(PREFECT_API["url"]) as client:
             return await coro_fn(client)
 
     return asyncio.run(main())

@@ -154,6 +154,7 @@ class PrefectBridge:
         client_retries: int = 0,
     ) -> None:
         self.source = source
+        self._settings_active = False
         self.prefect_api_url = prefect_api_url.rstrip("/")
         self.state_path = Path(state_path)
         self.concurrency = concurrency
@@ -232,10 +233,10 @@ class PrefectBridge:
         Stops early, without raising, when Prefect or Apiary is unreachable; the cursor then
         stays at the last event done and the next call resumes from there.
         """
-        from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
-
         done = 0
-        with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: self.client_retries}):
+        # run_forever enters these settings once: rebuilding them on every poll was 84% of the
+        # bridge's CPU (py-spy, bench concurrent run).
+        with self._settings() if not self._settings_active else contextlib.nullcontext():
             try:
                 client = await self._prefect()
                 while True:
@@ -267,18 +268,28 @@ class PrefectBridge:
         """
         delay = poll_s
         try:
-            while True:
-                try:
-                    await self.sync_once()
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    logger.exception("bridge sync failed; retrying delay_s=%.1f", delay)
-                    self._down_since = self._down_since or time.time()
-                delay = poll_s if self._down_since is None else min(max(delay * 2, poll_s), max_backoff_s)
-                await asyncio.sleep(delay)
+            with self._settings():
+                self._settings_active = True
+                while True:
+                    try:
+                        await self.sync_once()
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:
+                        logger.exception("bridge sync failed; retrying delay_s=%.1f", delay)
+                        self._down_since = self._down_since or time.time()
+                    delay = poll_s if self._down_since is None else min(max(delay * 2, poll_s), max_backoff_s)
+                    await asyncio.sleep(delay)
         finally:
+            self._settings_active = False
             await self.aclose()
+
+    def _settings(self):
+        """Prefect settings for this bridge's client: its own retry count (the client's built-in
+        retry sleeps 2^n s; the bridge retries transient errors itself with short delays)."""
+        from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+        return temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: self.client_retries})
 
     def _mark_down(self, exc: BaseException) -> None:
         if self._down_since is None:
@@ -734,7 +745,5 @@ async def run_bridge(api_url: str, prefect_api_url: str, state_path: Path) -> No
     ``prefect_api_url`` until cancelled (SIGTERM/SIGINT end it through asyncio.run)."""
     from apiary.tracking.source import HttpEventSource
 
-    # The client's own retry sleeps 2^n s; the bridge retries itself with short delays.
-    os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "0")
     bridge = PrefectBridge(HttpEventSource(api_url), prefect_api_url, Path(state_path))
     await bridge.run_forever()
