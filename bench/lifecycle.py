@@ -374,7 +374,7 @@ def measure_concurrent(
     *,
     nodes: int = 128,
     gpus_per_node: int = 8,
-    sleep_s: float = 20.0,
+    sleep_s: float = 60.0,  # longer than submitting 1,000 jobs takes (~25 s), so all run at once
     submit_threads: int = 8,
     rss_period_s: float = 0.2,
     list_period_s: float = 1.0,

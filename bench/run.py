@@ -76,7 +76,7 @@ def method(section: dict) -> str:
             f"bridge caught up, of the summed RSS of the control-plane, prefect-bridge, prefect-serve and Prefect "
             f"server process trees plus the agent process alone (its descendants are the task processes and are "
             f"excluded; the supervisor/benchmark process is excluded) while {section.get('concurrent_jobs')} 1-GPU "
-            "'sleep 20' jobs, submitted by 8 threads through the REST API, ran on a 128-node x 8-GPU simulated "
+            "'sleep 60' jobs, submitted by 8 threads through the REST API, ran on a 128-node x 8-GPU simulated "
             "cluster with prefect=True."
         )
         out.append(

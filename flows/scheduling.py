@@ -35,7 +35,9 @@ async def scheduling_loop(api_url: str | None = None, cycles: int = 60, interval
                 "cycle": cycle,
                 "placed": ", ".join(result.get("placed") or []),
                 "preempted": ", ".join(result.get("preempted") or []),
-                "waiting": "; ".join(f"{j}: {r}" for j, r in waiting.items()),
+                # A long queue would make the artifact huge: count them, show the first few.
+                "waitingCount": len(waiting),
+                "waiting": "; ".join(f"{j}: {r}" for j, r in list(waiting.items())[:10]),
                 "durationMs": result.get("durationMs"),
             })
             if result.get("placed") or result.get("preempted"):

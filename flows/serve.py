@@ -1,7 +1,9 @@
 """Serve the Apiary flows as Prefect deployments: ``python flows/serve.py``.
 
 * ``apiary-job/submit``: run form = the job spec; submits to Apiary and waits;
-* ``scheduling-loop/loop``: every 60 s, 60 scheduler cycles 1 s apart.
+* ``scheduling-loop/loop``: every 60 s, 10 scheduler cycles 1 s apart (the control plane runs its
+  own loop as well; this one records decisions and keeps a flow-run subprocess alive 10 s a minute,
+  not all the time).
 
 Both read ``APIARY_API_URL`` (passed as the default ``api_url`` parameter) and need
 ``PREFECT_API_URL`` pointing at the Prefect server.
@@ -34,7 +36,7 @@ def deployments(api_url: str | None = None) -> list:
     loop = scheduling_loop.to_deployment(
         name="loop",
         interval=60,
-        parameters={"api_url": api_url, "cycles": 60, "interval_s": 1.0} if api_url else None,
+        parameters={"api_url": api_url, "cycles": 10, "interval_s": 1.0} if api_url else {"cycles": 10},
         description="Drive Apiary's scheduler and record its decisions.",
         tags=["apiary"],
     )

@@ -216,7 +216,8 @@ def test_submit_waits_then_places_runs_and_succeeds(h: Harness) -> None:
     assert job["tasks"] == [
         {
             "taskRole": "train", "index": 0, "attempt": 0, "taskAttempt": 0, "state": "WAITING", "node": None,
-            "gpus": [], "exitCode": None, "exitPhrase": None, "startTime": None, "completionTime": None,
+            "gpus": [], "simulatedGpus": None, "exitCode": None, "exitPhrase": None, "startTime": None,
+            "completionTime": None,
         }
     ]
     jid = job["id"]

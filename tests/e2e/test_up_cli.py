@@ -59,6 +59,7 @@ def test_mnist_job_through_the_cli(up):
     assert job["state"] == "SUCCEEDED" and job["exitCode"] == 0 and job["virtualCluster"] == "vc1"
     assert job["tasks"] == [job["tasks"][0]] and job["tasks"][0]["node"] == "hostname-dan"
     assert job["tasks"][0]["gpus"] == [0] and job["tasks"][0]["exitCode"] == 0
+    assert job["tasks"][0]["simulatedGpus"] is True
     logs = cli("job", "logs", job_id, "--task", "train/0").stdout
     assert "epoch 1/1 loss=" in logs and "CUDA_VISIBLE_DEVICES: 0" in logs
     nodes = json.loads(cli("node", "list", "--json").stdout)

@@ -197,7 +197,8 @@ def _task_table(job: dict) -> None:
     t = Table("taskRole", "index", "state", "node", "gpus", "exitCode")
     for task in job["tasks"]:
         code = task["exitCode"]
-        t.add_row(task["taskRole"], str(task["index"]), task["state"], task["node"] or "-",
+        node = (task["node"] or "-") + (" (simulated GPUs)" if task.get("simulatedGpus") else "")
+        t.add_row(task["taskRole"], str(task["index"]), task["state"], node,
                   ",".join(map(str, task["gpus"])) or "-", "-" if code is None else str(code))
     console.print(t)
 

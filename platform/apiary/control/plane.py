@@ -350,10 +350,19 @@ class ControlPlane:
             tasks: dict[str, list[Task]] = {}
             for t in s.scalars(select(Task).where(Task.latest.is_(True)).order_by(Task.task_role, Task.index)):
                 tasks.setdefault(t.job_id, []).append(t)
-            return [self._job_json(s, j, [t for t in tasks.get(j.id, []) if t.attempt == j.attempt]) for j in jobs]
+            simulated = self._simulated_nodes(s)
+            return [
+                self._job_json(s, j, [t for t in tasks.get(j.id, []) if t.attempt == j.attempt], simulated)
+                for j in jobs
+            ]
 
-    def _job_json(self, s: Session, job: Job, tasks: list[Task] | None = None) -> dict:
+    def _simulated_nodes(self, s: Session) -> set[str]:
+        return set(s.scalars(select(Node.name).where(Node.simulated_gpus.is_(True))))
+
+    def _job_json(self, s: Session, job: Job, tasks: list[Task] | None = None,
+                  simulated: set[str] | None = None) -> dict:
         tasks = self._latest_tasks(s, job) if tasks is None else tasks
+        simulated = self._simulated_nodes(s) if simulated is None else simulated
         return {
             "id": job.id,
             "name": job.name,
@@ -383,6 +392,8 @@ class ControlPlane:
                     "state": t.state,
                     "node": t.node,
                     "gpus": list(t.gpus or []),
+                    # The node advertises the cluster config's GPUs without having them.
+                    "simulatedGpus": t.node in simulated if t.node else None,
                     "exitCode": t.exit_code,
                     "exitPhrase": t.exit_phrase,
                     "startTime": _iso(t.started),
