@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     if "lifecycle.concurrent" in which:
         try:
             jobs = 100 if args.quick else 1000
-            r = lifecycle.measure_concurrent(jobs, nodes=16 if args.quick else 128, sleep_s=5 if args.quick else 20)
+            r = lifecycle.measure_concurrent(jobs, nodes=16 if args.quick else 128, sleep_s=5 if args.quick else 60)
             section.update(r.to_dict())
             parts = ", ".join(f"{k}={v:.0f}" for k, v in sorted(r.peak_parts.items()))
             print(

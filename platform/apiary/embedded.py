@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 
 from apiary.errors import PlatformError, UnavailableError
+from apiary.procutil import die_with_parent
 from apiary.spec.cluster import load_cluster_config
 from apiary.tracking.prefect_server import PrefectServer, free_port, prefect_env, start_prefect_server
 
@@ -57,7 +58,7 @@ class Child:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
             )
         self.started_at = time.monotonic()
 

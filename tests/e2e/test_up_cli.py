@@ -85,3 +85,12 @@ def test_ctrl_c_stops_everything(up):
     # The children run in their own sessions; find them by the port they were given.
     out = subprocess.run(["pgrep", "-f", f"apiary .*{proc.port}"], capture_output=True, text=True)
     assert out.stdout.split() == []
+
+
+def test_killing_the_supervisor_takes_its_children_along(up):
+    proc, cli = up
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    # The children run in their own sessions but ask the kernel for SIGTERM when their parent dies.
+    until(lambda: subprocess.run(["pgrep", "-f", f"apiary .*{proc.port}"], capture_output=True).returncode == 1,
+          30, "children to exit")

@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from apiary.errors import PlatformError, UnavailableError
+from apiary.procutil import die_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +154,7 @@ def start_prefect_server(
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # own process group: stop() signals the whole tree
+            preexec_fn=die_with_parent,  # and it goes when whoever started it goes
         )
     finally:
         log_file.close()
