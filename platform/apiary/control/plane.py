@@ -173,14 +173,21 @@ class ControlPlane:
         task.state = new.value
 
     def _touch(self, *nodes: str | None) -> None:
-        for n in nodes:
-            if n:
-                self.generation[n] = self.generation.get(n, 0) + 1
-                self._changed_nodes.add(n)
+        """Note that these nodes' assignments change with the current transaction."""
+        self._changed_nodes.update(n for n in nodes if n)
 
     def _flush_notifications(self) -> None:
-        if self._changed_nodes:
+        """After the commit: bump the touched nodes' generations and wake their long polls.
+
+        Bumping before the commit would let an agent read the new generation with the old
+        assignments and then sleep through the change.
+        """
+        with self._lock:
+            if not self._changed_nodes:
+                return
             changed, self._changed_nodes = self._changed_nodes, set()
+            for n in changed:
+                self.generation[n] = self.generation.get(n, 0) + 1
             try:
                 self.on_nodes_changed(changed)
             except Exception:  # a broken listener must not break scheduling
