@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 
 from apiary.api import create_app
 from apiary.control import ControlPlane
+from apiary.demo.lab6 import job_text
 from apiary.spec.cluster import load_cluster_config
 from apiary.store import make_engine, migrate, session_factory
 
@@ -30,19 +31,6 @@ JOB_FIELDS = {
 TASK_FIELDS = {"taskRole", "index", "state", "node", "gpus", "exitCode"}
 
 
-def job_text(n: int, **changes) -> str:
-    """Lab 6's ``job-config-<n>.yaml``; ``changes`` (dotted keys, ``__`` for ``.``) edit it."""
-    text = (LAB6 / f"job-config-{n}.yaml").read_text()
-    if not changes:
-        return text
-    doc = yaml.safe_load(text)
-    for dotted, value in changes.items():
-        node = doc
-        *path, last = dotted.replace("__", ".").split(".")
-        for key in path:
-            node = node.setdefault(key, {})
-        node[last] = value
-    return yaml.safe_dump(doc, sort_keys=False)
 
 
 def renamed_role(n: int, new: str) -> str:

@@ -12,10 +12,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
-import yaml
 from sqlalchemy import select
 
 from apiary.control import ControlPlane
+from apiary.demo.lab6 import job_text
 from apiary.errors import ConflictError, NotFoundError, QuotaExceededError, ValidationError
 from apiary.lifecycle import EXIT_NODE_LOST, EXIT_STOPPED, classify_exit
 from apiary.spec.cluster import load_cluster_config
@@ -28,19 +28,6 @@ T0 = 1_700_000_000.0
 CAROL, DAN = "hostname-carol", "hostname-dan"
 
 
-def job_text(n: int, **changes) -> str:
-    """Lab 6's ``job-config-<n>.yaml``; ``changes`` (dotted keys, ``__`` for ``.``) edit it."""
-    text = (LAB6 / f"job-config-{n}.yaml").read_text()
-    if not changes:
-        return text
-    doc = yaml.safe_load(text)
-    for dotted, value in changes.items():
-        node = doc
-        *path, last = dotted.replace("__", ".").split(".")
-        for key in path:
-            node = node.setdefault(key, {})
-        node[last] = value
-    return yaml.safe_dump(doc, sort_keys=False)
 
 
 class Clock:

@@ -50,16 +50,19 @@ def check(cond: bool, message: str) -> None:
         raise ScenarioFailed(message)
 
 
-def job_text(n: int, sleep_s: int, **changes) -> str:
-    """Lab 6's job-config-N.yaml with ``sleep 5m`` -> ``sleep <sleep_s>``; ``changes`` (dotted
-    keys) build the derived jobs some scenarios need."""
-    text = (LAB6 / f"job-config-{n}.yaml").read_text().replace("sleep 5m", f"sleep {sleep_s}")
+def job_text(n: int, sleep_s: int | None = None, **changes) -> str:
+    """Lab 6's job-config-N.yaml, with ``sleep 5m`` -> ``sleep <sleep_s>`` when ``sleep_s`` is given;
+    ``changes`` (dotted keys, or ``__`` for ``.`` in keyword names) build the derived jobs some
+    scenarios and tests need."""
+    text = (LAB6 / f"job-config-{n}.yaml").read_text()
+    if sleep_s is not None:
+        text = text.replace("sleep 5m", f"sleep {sleep_s}")
     if not changes:
         return text
     doc = yaml.safe_load(text)
     for dotted, value in changes.items():
         node = doc
-        *path, last = dotted.split(".")
+        *path, last = dotted.replace("__", ".").split(".")
         for key in path:
             node = node.setdefault(key, {})
         node[last] = value
