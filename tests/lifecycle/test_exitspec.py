@@ -24,7 +24,8 @@ from apiary.lifecycle import (
     exit_spec,
 )
 
-REFERENCE = Path("/work/shared/reference/openpai/k8s-job-exit-spec.yaml")
+# shared/ sits beside the checkout (as in CI).
+REFERENCE = Path(__file__).resolve().parents[3] / "shared/reference/openpai/k8s-job-exit-spec.yaml"
 
 BEHAVIORS = {"TRANSIENT", "TRANSIENT_CONFLICT", "PERMANENT", "UNKNOWN"}
 REACTIONS = {"ALWAYS_RETRY", "ALWAYS_BACKOFF_RETRY", "RETRY_TO_MAX", "NEVER_RETRY"}
