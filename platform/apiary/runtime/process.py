@@ -184,6 +184,9 @@ class ProcessBackend(RuntimeBackend):
             raise PlatformError(f"cannot create runtime state dir {self.state_dir}: {exc}") from exc
         self._lock = threading.RLock()
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        # Forgotten runs, read once from their markers: the agent calls list() several times a
+        # second, and stat-ing every run a node ever had would grow without bound.
+        self._forgotten: set[str] | None = None
 
     # -- paths -------------------------------------------------------------------------------
 
@@ -401,11 +404,11 @@ class ProcessBackend(RuntimeBackend):
     def list(self) -> list[TaskStatus]:
         """See :meth:`RuntimeBackend.list`: every ``state_dir/<run_id>/`` not marked forgotten."""
         with self._lock:
+            if self._forgotten is None:
+                self._forgotten = {p.parent.name for p in self.state_dir.glob("*/forgotten")}
             out = []
             for run_dir in sorted(self.state_dir.iterdir()):
-                if not run_dir.is_dir() or not _valid_run_id(run_dir.name):
-                    continue
-                if (run_dir / "forgotten").exists():
+                if run_dir.name in self._forgotten or not _valid_run_id(run_dir.name) or not run_dir.is_dir():
                     continue
                 out.append(self._status_of(run_dir))
             return out
@@ -484,3 +487,5 @@ class ProcessBackend(RuntimeBackend):
             if self._status_of(run_dir).state == "running":
                 raise PlatformError(f"cannot forget {run_id}: it is still running (stop it first)")
             (run_dir / "forgotten").touch()
+            if self._forgotten is not None:
+                self._forgotten.add(run_id)
