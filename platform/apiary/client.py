@@ -68,6 +68,9 @@ class ApiaryClient:
     def nodes(self) -> list[dict]:
         return self._call("GET", "/api/v2/nodes").json()
 
+    def cordon(self, node: str, value: bool = True) -> dict:
+        return self._call("PUT", f"/api/v2/nodes/{node}/cordon", json={"value": value}).json()
+
     def events(self, after: int = 0, job_id: str | None = None, limit: int = 1000) -> list[dict]:
         params = {"after": after, "limit": limit}
         if job_id:

@@ -953,3 +953,22 @@ def test_read_logs_concatenates_the_runs_of_an_instance(h: Harness) -> None:
     assert h.plane.read_logs(jid) == "try 1\ntry 2\n"
     assert h.plane.read_logs(jid, attempt=1) == "try 2\n"
     assert h.plane.read_logs(jid, attempt=0) == "try 1\n"
+
+
+def test_cordoned_node_gets_no_new_placements_and_keeps_its_running_task(h1: Harness) -> None:
+    first = h1.submit(5, user="alice")
+    h1.cycle()
+    node = h1.task(first)["node"]
+    h1.start(first)
+    h1.plane.cordon(node)
+    assert next(n for n in h1.plane.list_nodes() if n["name"] == node)["cordoned"] is True
+    h1.report_all()  # heartbeats must not undo a cordon
+    second = h1.submit(7, user="bob")  # 2 instances, gangAllocation false
+    h1.cycle()
+    placed = {t["node"] for t in h1.job(second)["tasks"] if t["node"]}
+    assert placed and node not in placed  # only the other node is used
+    assert h1.job(first)["state"] == "RUNNING"  # cordon never stops running work
+    h1.plane.cordon(node, False)
+    h1.exit(first, 0)
+    h1.cycle()
+    assert {t["node"] for t in h1.job(second)["tasks"]} == {"hostname-carol", "hostname-dan"}

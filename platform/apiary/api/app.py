@@ -31,6 +31,10 @@ class ExecutionType(BaseModel):
     value: str = Field(description="STOP (OpenPAI's executionType); START is not supported for a submitted job.")
 
 
+class CordonRequest(BaseModel):
+    value: bool = Field(description="true: no new placements on the node; false: schedulable again.")
+
+
 class FlowRunRef(BaseModel):
     id: str
 
@@ -156,6 +160,11 @@ def create_app(plane: ControlPlane) -> FastAPI:
     @app.get("/api/v2/nodes")
     def nodes() -> list[dict]:
         return plane.list_nodes()
+
+    @app.put("/api/v2/nodes/{node}/cordon")
+    def cordon(node: str, body: CordonRequest) -> dict:
+        """``{"value": true}`` cordons the node (no new placements), ``false`` uncordons it."""
+        return plane.cordon(node, body.value)
 
     # ---------------------------------------------------------------- node agents
     @app.post("/api/v2/nodes/{node}/status")

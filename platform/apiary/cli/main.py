@@ -286,6 +286,26 @@ def node_list(as_json: bool = typer.Option(False, "--json")) -> None:
     console.print(t)
 
 
+@node_app.command("cordon")
+def node_cordon(node: str) -> None:
+    """Stop placing new tasks on NODE; running tasks keep going (like kubectl cordon)."""
+    try:
+        n = _client().cordon(node, True)
+    except ApiaryError as e:
+        _fail(e)
+    console.print(f"{n['name']} cordoned")
+
+
+@node_app.command("uncordon")
+def node_uncordon(node: str) -> None:
+    """Make NODE schedulable again."""
+    try:
+        n = _client().cordon(node, False)
+    except ApiaryError as e:
+        _fail(e)
+    console.print(f"{n['name']} uncordoned")
+
+
 @cluster_app.command("status")
 def cluster_status(as_json: bool = typer.Option(True, "--json/--table")) -> None:
     """Scheduler view of the cluster: virtual clusters, nodes, reservations."""

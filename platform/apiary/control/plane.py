@@ -592,6 +592,24 @@ class ControlPlane:
             self.wake.set()
         return {"ack": ack}
 
+    def cordon(self, node: str, cordoned: bool = True) -> dict:
+        """Cordon (no new placements; running tasks keep going until they end) or uncordon a node,
+        as ``kubectl cordon`` does. Idempotent. Raises NotFoundError for an unknown node."""
+        if node not in self.scheduler.nodes():
+            raise NotFoundError(f"Node {node} is not in the cluster config.")
+        with self._lock, self._sessions() as s:
+            row = s.get(Node, node)
+            if row is None:
+                row = Node(name=node, healthy=False)
+                s.add(row)
+            if row.cordoned != cordoned:
+                logger.info("node=%s %s", node, "cordoned" if cordoned else "uncordoned")
+            row.cordoned = cordoned
+            self.scheduler.set_node_health(node, bool(self._healthy.get(node)) and not cordoned)
+            s.commit()
+        self.wake.set()
+        return next(n for n in self.list_nodes() if n["name"] == node)
+
     def _apply_run(self, s: Session, node: str, run: dict) -> bool:
         task = s.scalars(select(Task).where(Task.run_id == run["run_id"])).first()
         if task is None or task.node != node:
