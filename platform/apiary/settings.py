@@ -25,6 +25,9 @@ class Settings(BaseSettings):
     node_lost_after_s: float = Field(
         default=30.0, description="A node whose agent has not reported for this long is lost; its tasks are retried."
     )
+    alert_actions: Path | None = Field(
+        default=None, description="Alert actions config (YAML); default the packaged default-actions.yaml."
+    )
     tick_s: float = Field(default=1.0, description="Scheduling-loop period when nothing wakes it earlier, seconds.")
 
     @property

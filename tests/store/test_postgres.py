@@ -15,7 +15,7 @@ from sqlalchemy import inspect, select, text
 
 from apiary.control import ControlPlane
 from apiary.spec.cluster import load_cluster_config
-from apiary.store import Event, Job, Node, Placement, Task, make_engine, migrate, session_factory
+from apiary.store import Base, Event, Job, Node, Placement, Task, make_engine, migrate, session_factory
 from apiary.store.engine import MIGRATIONS
 
 pytestmark = pytest.mark.postgres
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.postgres
 REPO = Path(__file__).resolve().parents[2]
 LAB6 = REPO / "examples" / "lab6"
 CAROL, DAN = "hostname-carol", "hostname-dan"
-TABLES = {"alembic_version", "attempts", "events", "jobs", "nodes", "placements", "tasks"}
+TABLES = {"alembic_version", *(t.name for t in Base.metadata.sorted_tables)}  # every model table
 
 
 def head_revision() -> str:

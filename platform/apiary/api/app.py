@@ -23,6 +23,8 @@ from pydantic import BaseModel, Field
 
 from apiary.control import ControlPlane
 from apiary.errors import ApiaryError, ValidationError
+from apiary.ops.alerts import ActionsConfig, AlertmanagerPayload, AlertReceiver
+from apiary.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +60,11 @@ class NodeReport(BaseModel):
     runs: list[RunStatus] = []
 
 
-def create_app(plane: ControlPlane) -> FastAPI:
+def create_app(plane: ControlPlane, receiver: AlertReceiver | None = None) -> FastAPI:
+    """The app over ``plane``; ``receiver`` handles Alertmanager's webhook (default: the
+    packaged actions config, or ``APIARY_ALERT_ACTIONS``)."""
+    if receiver is None:
+        receiver = AlertReceiver(plane, ActionsConfig.load(Settings().alert_actions))
     waiters: dict[str, asyncio.Event] = {}
     started = time.time()
 
@@ -165,6 +171,17 @@ def create_app(plane: ControlPlane) -> FastAPI:
     def cordon(node: str, body: CordonRequest) -> dict:
         """``{"value": true}`` cordons the node (no new placements), ``false`` uncordons it."""
         return plane.cordon(node, body.value)
+
+    # ---------------------------------------------------------------- alerts
+    @app.post("/api/v2/alerts/webhook")
+    def alert_webhook(payload: AlertmanagerPayload, action: list[str] = Query(default=[])) -> dict:
+        """Alertmanager's webhook (version 4). ``?action=cordon-node&action=email-admin`` runs those
+        actions (a receiver per action, OpenPAI's style); without it the actions config decides."""
+        return {"actions": receiver.receive(payload, action or None)}
+
+    @app.get("/api/v2/alerts")
+    def alerts(limit: int = 100) -> dict:
+        return {"alerts": receiver.recent(limit), "actions": receiver.recent_actions(limit)}
 
     # ---------------------------------------------------------------- node agents
     @app.post("/api/v2/nodes/{node}/status")

@@ -332,6 +332,16 @@ class ControlPlane:
         self.wake.set()
         return result
 
+    def tag_job(self, job_id: str, tag: str) -> dict:
+        """Add ``tag`` to the job's tags (OpenPAI alert handler's tag-jobs). Idempotent."""
+        with self._lock, self._sessions() as s:
+            job = self._get_job(s, job_id)
+            if tag not in (job.tags or []):
+                job.tags = [*(job.tags or []), tag]
+                self._event(s, job_id, "job.tagged", tag=tag)
+                s.commit()
+            return self._job_json(s, job)
+
     def set_flow_run(self, job_id: str, flow_run_id: str) -> None:
         with self._lock, self._sessions() as s:
             job = self._get_job(s, job_id)
@@ -390,6 +400,7 @@ class ControlPlane:
             "exitPhrase": job.exit_phrase,
             "waitingReason": job.waiting_reason,
             "flowRunId": job.flow_run_id,
+            "tags": list(job.tags or []),
             "tasks": [
                 {
                     "taskRole": t.task_role,

@@ -41,6 +41,8 @@ class Job(Base):
     exit_phrase: Mapped[str | None] = mapped_column(String(100), nullable=True)
     waiting_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     flow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # Free-form tags set by alert actions (OpenPAI's alert handler "tag-jobs"), e.g. "low-gpu-util".
+    tags: Mapped[list | None] = mapped_column(JSON, nullable=True)
 
 
 class Attempt(Base):
@@ -134,3 +136,38 @@ class Node(Base):
     cordoned: Mapped[bool] = mapped_column(Boolean, default=False)
     agent_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     last_heartbeat: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Alert(Base):
+    """One alert notification from Alertmanager (webhook payload version 4), as received."""
+
+    __tablename__ = "alerts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    fingerprint: Mapped[str] = mapped_column(String(64), index=True)
+    alertname: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16))  # firing or resolved
+    severity: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    labels: Mapped[dict] = mapped_column(JSON)
+    annotations: Mapped[dict] = mapped_column(JSON)
+    starts_at: Mapped[str] = mapped_column(String(40))
+    ends_at: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    received: Mapped[float] = mapped_column(Float)
+
+
+class AlertAction(Base):
+    """One run of one automatic action for one firing alert; unique, so a resent alert never
+    runs an action twice (actions are idempotent on top of that)."""
+
+    __tablename__ = "alert_actions"
+    __table_args__ = (UniqueConstraint("fingerprint", "starts_at", "action", "target"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    starts_at: Mapped[str] = mapped_column(String(40))
+    alertname: Mapped[str] = mapped_column(String(200))
+    action: Mapped[str] = mapped_column(String(40))
+    target: Mapped[str] = mapped_column(String(300))
+    status: Mapped[str] = mapped_column(String(16))  # ok or failed
+    detail: Mapped[str] = mapped_column(Text)
+    time: Mapped[float] = mapped_column(Float)
