@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from apiary.cli.sim import sim_app
 from apiary.errors import ApiaryError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Apiary: multi-tenant GPU cluster platform.")
@@ -30,6 +31,7 @@ app.add_typer(job_app, name="job")
 app.add_typer(node_app, name="node")
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(demo_app, name="demo")
+app.add_typer(sim_app, name="sim")
 console = Console()
 err = Console(stderr=True)
 
