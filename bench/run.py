@@ -1,12 +1,15 @@
 """Apiary's benchmark runner (``make bench``).
 
-Runs the lifecycle benchmarks (bench/lifecycle.py) on the embedded platform, writes their
-numbers to the ``lifecycle`` section of ``bench/results.json`` (other top-level sections, written
-by other benchmarks, are kept), prints measured vs target (bench/thresholds.yaml) and exits 1 if
-a target is missed, 2 if a benchmark could not run. See bench/README.md.
+Runs the scheduler benchmark (bench/scheduler.py: the pure HiveD algorithm on 1,000 / 5,000 /
+10,000-node clusters), the Philly trace replay (bench/replay.py, through ``apiary sim trace``) and
+the lifecycle benchmarks (bench/lifecycle.py, on the embedded platform), writes their numbers to
+the ``scheduler``, ``replay`` and ``lifecycle`` sections of ``bench/results.json`` (other
+top-level sections are kept), prints measured vs target (bench/thresholds.yaml) and exits 1 if a
+target is missed, 2 if a benchmark could not run. See bench/README.md.
 
     .venv/bin/python bench/run.py                               # everything, full size
-    .venv/bin/python bench/run.py --quick                       # smoke size (20 samples, 100 jobs)
+    .venv/bin/python bench/run.py --quick                       # smoke size
+    .venv/bin/python bench/run.py --only scheduler              # one benchmark (repeatable)
     .venv/bin/python bench/run.py --only lifecycle.start_latency --out /tmp/results.json
 """
 
@@ -33,9 +36,17 @@ for p in (str(REPO_ROOT / "platform"), str(BENCH_DIR)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-import lifecycle  # noqa: E402  (bench/lifecycle.py, found through BENCH_DIR on sys.path)
+# bench/lifecycle.py, bench/scheduler.py and bench/replay.py are imported (through BENCH_DIR on
+# sys.path) only when they run: the lifecycle module pulls in the whole embedded platform.
 
-BENCHMARKS = ("lifecycle.start_latency", "lifecycle.concurrent")
+LIFECYCLE = ("lifecycle.start_latency", "lifecycle.concurrent")
+BENCHMARKS = ("scheduler", "replay", *LIFECYCLE)
+ONLY_CHOICES = (*BENCHMARKS, "lifecycle")  # "lifecycle" = both lifecycle benchmarks
+SCHEDULER_NODES = (1000, 5000, 10000)
+SCHEDULER_SAMPLES = 20000
+QUICK_SCHEDULER_NODES = (200,)
+QUICK_SCHEDULER_SAMPLES = 1000
+RULES = ("min", "max", "below", "above")
 
 
 def machine() -> str:
@@ -58,7 +69,7 @@ def raise_nofile() -> tuple[int, int]:
 
 
 def method(section: dict) -> str:
-    """One sentence per metric present in ``section``, saying exactly what was measured."""
+    """One sentence per metric present in the ``lifecycle`` section, saying exactly what was measured."""
     out = []
     if "start_latency_p50_s" in section:
         with_prefect = "with" if section.get("start_latency_prefect", True) else "without"
@@ -91,46 +102,177 @@ def method(section: dict) -> str:
     return " ".join(out)
 
 
+def scheduler_method(section: dict) -> str:
+    import scheduler
+
+    sizes = ", ".join(k.removeprefix("nodes_") for k in section if k.startswith("nodes_"))
+    vcs = "/".join(f"{v * 100:.0f}" for v in scheduler.VC_SHARES.values())
+    gangs = ", ".join(f"{g} ({w * 100:.0f}%)" for g, w in scheduler.GANG_SIZES.items())
+    return (
+        f"nodes_<N> (N = {sizes}): the pure HivedScheduler, driven in one thread of the benchmark process, on a "
+        f"generated cluster of N nodes x {scheduler.GPUS_PER_NODE} GPUs, cells GPU -> PCIE-SWITCH (2 GPUs) -> "
+        f"CPU-SOCKET (2 switches) -> NODE (2 sockets) -> RACK ({scheduler.NODES_PER_RACK} nodes; one physical "
+        f"cell per rack), 4 VCs owning {vcs}% of the nodes (RACK.NODE cells). Stream (random.Random seed "
+        f"{scheduler.SEED}): gangs of {gangs} GPUs (> 8 = 8-GPU tasks), {scheduler.OPPORTUNISTIC_SHARE * 100:.0f}% "
+        "opportunistic, the rest prod or test (50/50) in a uniformly random VC; a group that gets 'wait' is "
+        "dropped; on 'preempt' its victims are released and it schedules again. After each group, when "
+        f"utilization > {scheduler.HIGH_WATERMARK:.0%}, random running groups are released until it is <= "
+        f"{scheduler.LOW_WATERMARK:.0%}. Not measured: building the scheduler (build_s) and filling the cluster to "
+        f"{scheduler.WARMUP_UTILIZATION:.0%}. Then, until 'samples' groups were placed: a sample = the "
+        "perf_counter_ns time of every schedule() call for one group that ended placed plus its allocate(); "
+        "p50_ms/p99_ms (linear interpolation) and max_ms over the samples; placements_per_s = samples / the summed "
+        "time of every schedule() and allocate() call of the measured phase, 'wait' answers included; release() "
+        "calls are timed apart (release_mean_ms) and counted in neither."
+    )
+
+
+def replay_method(section: dict) -> str:
+    n = section.get("jobs_in_trace")
+    which = f"the first {n} jobs of the" if n else "the full"
+    return (
+        f"philly.<policy>: {which} Philly trace (philly.csv) on the Philly machine list (philly_machines.csv), "
+        "replayed by the simulator in one subprocess, `python -m apiary sim trace --policy hived --policy quota "
+        "--policy fifo --json OUT`; the per-policy objects of OUT are copied as they are (wall_s is the "
+        "simulator's own wall-clock time for that policy; elapsed_s is the whole subprocess)."
+    )
+
+
+def flatten_targets(node: object, prefix: str = "") -> dict[str, dict]:
+    """thresholds.yaml as ``{dotted.path: rule}``. Nesting and dotted keys mix freely, e.g.
+    ``scheduler: {nodes_5000: {placements_per_s: {min: 1000}}}`` and
+    ``scheduler: {nodes_5000.placements_per_s: {min: 1000}}`` are the same target."""
+    out: dict[str, dict] = {}
+    if not isinstance(node, dict):
+        return out
+    if node and all(k in RULES for k in node):
+        return {prefix: node}
+    for k, v in node.items():
+        out.update(flatten_targets(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def lookup(data: dict, path: str) -> object:
+    cur: object = data
+    for part in path.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
 def check(section: dict, targets: dict) -> list[tuple[str, float, str, bool]]:
+    """Measured vs target for every target whose value is in ``section`` (nested dicts; targets
+    keyed by dotted path, see :func:`flatten_targets`). Rules: ``min`` >=, ``max`` <=,
+    ``below`` <, ``above`` >."""
     rows = []
-    for key, rule in (targets or {}).items():
-        if key not in section:
+    for key, rule in flatten_targets(targets or {}).items():
+        raw = lookup(section, key)
+        if isinstance(raw, bool) or not isinstance(raw, int | float):
             continue
-        v = float(section[key])
+        v = float(raw)
+        if "min" in rule:
+            rows.append((key, v, f">= {rule['min']}", v >= float(rule["min"])))
+        if "above" in rule:
+            rows.append((key, v, f"> {rule['above']}", v > float(rule["above"])))
         if "max" in rule:
             rows.append((key, v, f"<= {rule['max']}", v <= float(rule["max"])))
         if "below" in rule:
             rows.append((key, v, f"< {rule['below']}", v < float(rule["below"])))
-        if "min" in rule:
-            rows.append((key, v, f">= {rule['min']}", v >= float(rule["min"])))
     return rows
 
 
-def write_results(out: Path, section: dict, replace: bool) -> dict:
-    """Merge ``section`` into ``out``'s ``lifecycle``: replaced wholesale on a full run, updated
-    key by key on an ``--only`` run; other top-level sections are kept as they are."""
-    data: dict = {}
+def _read(out: Path) -> dict:
     if out.exists():
         try:
             data = json.loads(out.read_text())
-            if not isinstance(data, dict):
-                data = {}
+            if isinstance(data, dict):
+                return data
         except ValueError:
-            data = {}
-    merged = dict(section) if replace else {**(data.get("lifecycle") or {}), **section}
-    merged["method"] = method(merged)
-    data["lifecycle"] = merged
+            pass
+    return {}
+
+
+def _write(out: Path, data: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, out)
+
+
+def write_results(out: Path, section: dict, replace: bool, name: str = "lifecycle") -> dict:
+    """Merge ``section`` into ``out``'s ``name`` section: replaced wholesale when ``replace``,
+    updated key by key otherwise; other top-level sections are kept as they are. Adds ``method``."""
+    data = _read(out)
+    merged = dict(section) if replace else {**(data.get(name) or {}), **section}
+    if name == "lifecycle":
+        merged["method"] = method(merged)
+    elif name == "scheduler":
+        merged["method"] = scheduler_method(merged)
+    elif name == "replay":
+        merged["method"] = replay_method(merged)
+    data[name] = merged
+    _write(out, data)
     return merged
+
+
+def stamp(section: dict, quick: bool) -> None:
+    section["quick"] = bool(quick)
+    section["measured_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    section["machine"] = machine()
+
+
+def run_scheduler(nodes: list[int], samples: int) -> dict:
+    import scheduler
+
+    section: dict = {}
+    for n in nodes:
+        r = scheduler.measure(n, samples)
+        d = r.to_dict()
+        section[f"nodes_{n}"] = d
+        print(
+            f"scheduler nodes={n}: {d['placements_per_s']:.0f} placements/s, p50={d['p50_ms']:.3f} ms "
+            f"p99={d['p99_ms']:.3f} ms max={d['max_ms']:.1f} ms over {d['samples']} placements "
+            f"({d['attempts']} attempts, {d['waits']} waits, {d['preemptions']} preemptions), utilization "
+            f"{d['utilization_min']:.2f}..{d['utilization_max']:.2f}, build {d['build_s']:.2f} s",
+            flush=True,
+        )
+    return section
+
+
+def run_replay(quick: bool, timeout_s: float) -> dict:
+    import replay
+
+    r = replay.run_replay(quick=quick, timeout_s=timeout_s)
+    section: dict = {"philly": r.policies}
+    if r.jobs_in_trace is not None:
+        section["jobs_in_trace"] = r.jobs_in_trace
+    section["command"] = r.command
+    section["elapsed_s"] = round(r.elapsed_s, 2)
+    for pol, d in r.policies.items():
+        q = d.get("queue_delay_s") or {}
+        print(
+            f"replay {pol}: jobs={d.get('jobs')} rejected={d.get('rejected')} wall={d.get('wall_s')} s "
+            f"queue p50/p99={q.get('p50')}/{q.get('p99')} s utilization={d.get('gpu_utilization')} "
+            f"preemptions={d.get('preemptions')} sharing_anomaly_s={d.get('sharing_anomaly_s')}",
+            flush=True,
+        )
+    return section
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", action="append", choices=BENCHMARKS, help="run only this benchmark (repeatable)")
-    ap.add_argument("--quick", action="store_true", help="smoke size: 20 latency samples, 100 concurrent jobs")
+    ap.add_argument(
+        "--only",
+        action="append",
+        choices=ONLY_CHOICES,
+        help="run only this benchmark (repeatable); 'lifecycle' = both lifecycle benchmarks",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke size: 20 latency samples, 100 concurrent jobs, scheduler on 200 nodes with 1,000 placements, "
+        "replay of the first 2,000 Philly jobs",
+    )
     ap.add_argument("--out", type=Path, default=BENCH_DIR / "results.json", help="results file (merged)")
     ap.add_argument("--thresholds", type=Path, default=BENCH_DIR / "thresholds.yaml")
     ap.add_argument(
@@ -138,6 +280,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="measure start latency with prefect=False (default: the real platform, prefect=True)",
     )
+    ap.add_argument(
+        "--scheduler-nodes",
+        type=int,
+        action="append",
+        help="scheduler: cluster size(s) to measure instead of the default ones (repeatable; results merged)",
+    )
+    ap.add_argument("--scheduler-samples", type=int, help="scheduler: placements measured per cluster size")
+    ap.add_argument("--replay-timeout", type=float, default=1200.0, help="replay: bound on the simulator run (s)")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(
@@ -145,13 +295,46 @@ def main(argv: list[str] | None = None) -> int:
     )
     for noisy in ("httpx", "httpcore", "prefect"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    which = args.only or list(BENCHMARKS)
+    which = set()
+    for o in args.only or BENCHMARKS:
+        which.update(LIFECYCLE if o == "lifecycle" else (o,))
     nofile = raise_nofile()
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"machine: {machine()}  RLIMIT_NOFILE={nofile}  loadavg={load}", flush=True)
 
-    section: dict = {}
+    written: dict[str, dict] = {}
     errors: list[str] = []
+
+    # The scheduler runs first, on a quiet machine (it measures one core).
+    if "scheduler" in which:
+        try:
+            nodes = args.scheduler_nodes or list(QUICK_SCHEDULER_NODES if args.quick else SCHEDULER_NODES)
+            samples = args.scheduler_samples or (QUICK_SCHEDULER_SAMPLES if args.quick else SCHEDULER_SAMPLES)
+            sec = run_scheduler(nodes, samples)
+            stamp(sec, args.quick)
+            written["scheduler"] = sec
+            write_results(args.out, sec, replace=args.scheduler_nodes is None, name="scheduler")
+        except Exception:
+            errors.append("scheduler")
+            traceback.print_exc()
+
+    if "replay" in which:
+        try:
+            sec = run_replay(args.quick, args.replay_timeout)
+            stamp(sec, args.quick)
+            written["replay"] = sec
+            write_results(args.out, sec, replace=True, name="replay")
+        except Exception as e:
+            errors.append("replay")
+            if isinstance(e, RuntimeError | FileNotFoundError):
+                print(f"replay: {e}", file=sys.stderr, flush=True)
+            else:
+                traceback.print_exc()
+
+    section: dict = {}
+    if which & set(LIFECYCLE):
+        import lifecycle
+
     if "lifecycle.start_latency" in which:
         try:
             r = lifecycle.measure_start_latency(20 if args.quick else 100, prefect=not args.no_prefect_latency)
@@ -185,20 +368,23 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:
             errors.append("lifecycle.concurrent")
             traceback.print_exc()
-
     if section:
-        section["quick"] = bool(args.quick)
-        section["measured_at"] = datetime.now(UTC).isoformat(timespec="seconds")
-        section["machine"] = machine()
-        write_results(args.out, section, replace=args.only is None)
-        print(f"wrote {args.out}", flush=True)
+        stamp(section, args.quick)
+        written["lifecycle"] = section
+        # a run of both lifecycle benchmarks replaces the section; a run of one updates its keys
+        write_results(args.out, section, replace=set(LIFECYCLE) <= which, name="lifecycle")
+    if written:
+        print(f"wrote {', '.join(written)} to {args.out}", flush=True)
 
-    targets = (yaml.safe_load(args.thresholds.read_text()) or {}).get("lifecycle", {})
+    targets = yaml.safe_load(args.thresholds.read_text()) or {}
     failed = False
-    print(f"\n{'metric':<28}{'measured':>12}  {'target':<10} result")
-    for key, v, rule, ok in check(section, targets):
-        failed |= not ok
-        print(f"{key:<28}{v:>12.3f}  {rule:<10} {'PASS' if ok else 'FAIL'}")
+    rows = [row for name, sec in written.items() for row in check({name: sec}, {name: targets.get(name) or {}})]
+    if rows:
+        width = max(28, *(len(r[0]) + 2 for r in rows))
+        print(f"\n{'metric':<{width}}{'measured':>12}  {'target':<10} result")
+        for key, v, rule, ok in rows:
+            failed |= not ok
+            print(f"{key:<{width}}{v:>12.3f}  {rule:<10} {'PASS' if ok else 'FAIL'}")
     if args.quick:
         print("(--quick: smaller runs, the numbers are indicative only)")
     if errors:
