@@ -87,9 +87,7 @@ def test_prod_preempts_test_in_vc1_and_gets_the_reserved_cell():
     assert d2.kind == "place" and nodes_of(s, p.name) == ["hostname-dan"]
     w = s.schedule(t)
     assert w.kind == "wait"
-    assert (
-        "used by alice~job-config-2 (prod, priority 100) which this job (test, 10) cannot preempt" in w.reason
-    )
+    assert "used by alice~job-config-2 (prod, priority 100) which this job (test, 10) cannot preempt" in w.reason
 
 
 def test_equal_priority_never_preempts():
@@ -121,7 +119,7 @@ def test_oppo_runs_on_idle_vc_and_is_preempted_by_test_job_there():
     assert run(s, prod).kind == "place"
     assert run(s, oppo).kind == "place"
     assert nodes_of(s, oppo.name) == ["hostname-carol"]
-    assert s.status()["virtualClusters"]["default"]["opportunisticUsed"] == 1
+    assert s.status()["virtualClusters"]["vc1"]["opportunisticUsed"] == 1  # counted for the job's VC
     test = job("job-config-5", "default", "test")
     d = s.schedule(test)
     assert d.kind == "preempt" and d.victims == (oppo.name,)
@@ -263,7 +261,15 @@ def test_release_is_idempotent_and_frees_everything():
     s.release(g.name)
     s.release("never-seen")
     st = s.status()["virtualClusters"]["default"]
-    assert st == {"quota": 2, "used": 0, "free": 2, "reserved": 0, "opportunisticUsed": 0}
+    assert {k: st[k] for k in ("quota", "used", "free", "reserved", "opportunisticUsed")} == {
+        "quota": 2,
+        "used": 0,
+        "free": 2,
+        "reserved": 0,
+        "opportunisticUsed": 0,
+    }
+    assert st["cells"] == {"GPU-NODE-POOL/2": {"total": 2, "bound": 0, "free": 2}}  # lazily unbound again
+    s.check_invariants()
 
 
 def test_unhealthy_node_skipped_but_counted():

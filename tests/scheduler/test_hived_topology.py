@@ -71,11 +71,22 @@ def three() -> HivedScheduler:
     return HivedScheduler(load_cluster_config(THREE_LEVEL))
 
 
-def test_static_binding_splits_racks_buddy_style(three):
-    bound = {vc: [c.address for _, c in cells] for vc, cells in three.topo.bindings.items()}
-    assert bound == {"a": ["V100-POD[0]/0"], "b": ["n3", "n2", "k0"]}
+def bound(s: HivedScheduler) -> dict[str, list[str]]:
+    return {vc: sorted(c.address for c in cells) for vc, cells in s._bound.items()}
+
+
+def test_lazy_binding_binds_on_first_use_and_unbinds_when_free(three):
+    assert bound(three) == {"a": [], "b": []}  # nothing bound before use
     st = three.status()["virtualClusters"]
     assert st["a"]["quota"] == 16 and st["b"]["quota"] == 20
+    place(three, req("x", "b", gpu=1, sku="V100"))
+    assert bound(three) == {"a": [], "b": ["n2"]}  # buddy: the free node of the rack split by pin-n3
+    place(three, req("y", "a", gpu=1))
+    assert bound(three)["a"] == ["V100-POD[0]/0"]  # the rack that is still whole
+    three.check_invariants()
+    three.release("x")
+    assert bound(three)["b"] == []
+    three.check_invariants()
 
 
 @pytest.mark.parametrize(

@@ -1,19 +1,31 @@
-"""The cell model: physical cell tree, VC binding, node segments and free-cell indices.
+"""The cell model: physical cell forest, buddy allocator with lazy VC binding, node segments.
 
-HiveD (OSDI'20, "HiveD: Sharing a GPU Cluster for Deep Learning with Guarantees") models the cluster
-as a forest of *cells*: a cell of level ``k`` has children of level ``k-1``; level 1 is the leaf cell
-(one sku, e.g. a GPU).  Each chain (the type of a top-level physical cell) is one tree.  A VC owns
-*virtual cells* which are bound to physical cells.  HiveD binds lazily and keeps the safety invariant
-with buddy allocation; this module binds statically at construction (deterministic first-fit that
-splits already-split cells first, highest level first) but keeps the shape HiveD needs: cells with
-level, parent, children, a per-leaf state (Free / Used / Reserved, see STATE-MACHINE.md) and
-per-(chain, level) lists of bindable cells, so lazy binding can replace :func:`bind_virtual_clusters`
-without touching the scheduler's interface.
+HiveD (OSDI'20, "HiveD: Sharing a GPU Cluster for Deep Learning with Guarantees"; microsoft/hivedscheduler
+doc/design/*.md) models the cluster as a forest of *cells*: a cell of level ``k`` has children of level
+``k-1``; level 1 is the leaf cell (one sku, e.g. a GPU).  Each *chain* (the type of a top-level physical
+cell) is one tree of cell types (e.g. RACK > NODE > SOCKET > PCIE > GPU).
 
-A *segment* is the part of one node that belongs to one pool ``(vc, pinned_cell_id, sku)``
-(``vc`` None = unbound cells, usable only opportunistically).  Tasks are placed on one segment.
-:class:`BucketIndex` keeps a pool's healthy segments bucketed by free leaf count so best fit
-("the node with the fewest free cells that still fits") is O(max leaves per node), not O(nodes).
+Virtual clusters own *virtual cells* (counts per chain and level, from ``virtualCells``).  Binding is
+LAZY: a virtual cell is bound to a physical cell of the same chain and level only while one of its
+leaves is used by (or reserved for) a guaranteed group of the VC, and unbound when it is freed, so a
+VC's free virtual cells can land on any physical cells.  Physical cells that are not bound are managed
+by a per-chain buddy allocator (:class:`Chain`): per-level free lists of maximal free cells; binding a
+level-``L`` cell takes a free level-``L`` cell or splits a higher one, unbinding merges buddies back.
+
+Safety invariant (HiveD paper section 4, "VC safety"): for every chain and level ``L``, the leaves of
+free physical cells of level ``>= L`` are at least the leaves of the VCs' unbound virtual cells of level
+``>= L`` (``Chain.violation`` checks it in O(levels); a binding that would break it is refused).  With
+buddy allocation it guarantees that every VC can always bind all its virtual cells, whatever other VCs
+and opportunistic jobs do.
+
+Cell states (see STATE-MACHINE.md): ``INSIDE`` (below a free or bound cell, or inside a pinned cell),
+``FREE`` (maximal free cell, in its level's free list), ``SPLIT`` (some descendant bound; merges back),
+``BOUND`` (bound to ``vc``), ``FIXED`` (incomplete or containing a pinned cell: permanently split),
+``PINNED`` (a pinned cell: statically its VC's, never in the buddy system).
+
+A *segment* is the part of one node that belongs to one pool ``(vc, pinned_cell_id, sku)`` (``vc`` None
+= unbound leaves).  Segments change as cells bind and unbind.  :class:`BucketIndex` keeps a pool's
+healthy segments bucketed by free leaf count so best fit is O(max leaves per node), not O(nodes).
 """
 
 from __future__ import annotations
@@ -28,9 +40,12 @@ from apiary.spec.cluster import ClusterConfig, PhysicalCell
 PoolKey = tuple[str | None, str | None, str]  # (vc or None = unbound / "*" = all, pinned id, sku)
 ALL_VCS = "*"
 
+INSIDE, FREE, SPLIT, BOUND, FIXED, PINNED = range(6)
+STATE_NAMES = ("Inside", "Free", "Split", "Bound", "Fixed", "Pinned")
+
 
 class CellState(enum.Enum):
-    """State of a leaf cell (HiveD doc/design/state-machine.md, simplified to static binding)."""
+    """State of a leaf cell (HiveD doc/design/state-machine.md, usage part)."""
 
     FREE = "Free"
     USED = "Used"  # allocated to a group (HiveD: Used / Reserving when also reserved_by is set)
@@ -39,7 +54,7 @@ class CellState(enum.Enum):
 
 class Cell:
     """One physical cell.  ``level`` 1 = leaf.  Leaf-only fields: ``index`` (within its node),
-    ``group`` (user), ``reserved_by`` (preemptor), ``segment``."""
+    ``group`` (user), ``reserved_by`` (preemptor), ``segment`` (its pool segment), ``all_segment``."""
 
     __slots__ = (
         "cell_type",
@@ -54,14 +69,20 @@ class Cell:
         "leaves",
         "nominal_leaves",
         "pinned_cell_id",
-        "bound_leaves",
+        "state",
         "vc",
+        "free_children",
+        "hold",
+        "used",
+        "bad",
         "index",
         "sku",
         "group",
         "reserved_by",
         "segment",
+        "all_segment",
         "internal",
+        "segs",
     )
 
     def __init__(self, cell_type: str, chain: str, level: int, address: str, parent: Cell | None) -> None:
@@ -77,21 +98,27 @@ class Cell:
         self.leaves: list[Cell] = []  # leaf cells below (self for a leaf)
         self.nominal_leaves = 0
         self.pinned_cell_id: str | None = None
-        self.bound_leaves = 0  # leaves below bound to a VC or pinned
-        self.vc: str | None = None  # leaf: the VC it is bound to
+        self.state = INSIDE
+        self.vc: str | None = None  # BOUND cell: its VC; leaf: the VC owning it now (bound or pinned)
+        self.free_children = 0  # children in state FREE (merge when all are)
+        self.hold = 0  # BOUND cell: leaves used by guaranteed groups or reserved
+        self.used = 0  # leaves below used by any group
+        self.bad = 0  # leaves below on unhealthy nodes
         self.index = -1
         self.sku = ""
         self.group: str | None = None
         self.reserved_by: str | None = None
         self.segment: Segment | None = None
+        self.all_segment: Segment | None = None
         self.internal: list[Cell] = []  # node: its non-leaf descendants (incl. itself) if deeper than 1
+        self.segs: dict[PoolKey, Segment] = {}  # node: its segments by pool
 
     @property
     def complete(self) -> bool:
         return len(self.leaves) == self.nominal_leaves
 
     @property
-    def state(self) -> CellState:
+    def leaf_state(self) -> CellState:
         if self.group is not None:
             return CellState.USED
         if self.reserved_by is not None:
@@ -103,6 +130,17 @@ class Cell:
         while c is not None:
             yield c
             c = c.parent
+
+    def bound_root(self) -> Cell | None:
+        """The BOUND cell at or above this cell, if any."""
+        c: Cell | None = self
+        while c is not None:
+            if c.state == BOUND:
+                return c
+            if c.state != INSIDE:
+                return None
+            c = c.parent
+        return None
 
     def __repr__(self) -> str:
         return f"Cell({self.cell_type}@{self.address})"
@@ -116,18 +154,16 @@ class Segment:
     def __init__(self, node: Cell, pool: PoolKey, order: int) -> None:
         self.node = node
         self.pool = pool
-        self.leaves: list[Cell] = []
+        self.leaves: dict[Cell, None] = {}
         self.free = 0
         self.order = order
         self.index: list[BucketIndex] = []  # indices this segment is listed in while healthy
 
     def free_leaves(self, group: str | None = None) -> list[Cell]:
         """FREE leaves (and leaves reserved for ``group``), by index."""
-        return [
-            lf
-            for lf in self.leaves
-            if lf.group is None and (lf.reserved_by is None or lf.reserved_by == group)
-        ]
+        out = [lf for lf in self.leaves if lf.group is None and (lf.reserved_by is None or lf.reserved_by == group)]
+        out.sort(key=lambda c: c.index)
+        return out
 
     def __repr__(self) -> str:
         return f"Segment({self.node.address}, {self.pool})"
@@ -136,8 +172,11 @@ class Segment:
 class BucketIndex:
     """Segments bucketed by free leaf count (insertion-ordered dicts keep it deterministic)."""
 
+    __slots__ = ("buckets", "total")
+
     def __init__(self) -> None:
         self.buckets: list[dict[Segment, None]] = [{}]
+        self.total = 0
 
     def move(self, seg: Segment, old: int, new: int) -> None:
         if old > 0:
@@ -146,6 +185,7 @@ class BucketIndex:
             while len(self.buckets) <= new:
                 self.buckets.append({})
             self.buckets[new][seg] = None
+        self.total += new - old
 
     def best_fit(self, need: int) -> Segment | None:
         for k in range(max(need, 1), len(self.buckets)):
@@ -157,24 +197,75 @@ class BucketIndex:
         for b in self.buckets[1:]:
             yield from b
 
+    def fullest(self, limit: int) -> list[Segment]:
+        """Up to ``limit`` segments, most free leaves first."""
+        out: list[Segment] = []
+        for b in reversed(self.buckets[1:]):
+            for seg in b:
+                out.append(seg)
+                if len(out) >= limit:
+                    return out
+        return out
+
     def free_total(self) -> int:
-        return sum(k * len(b) for k, b in enumerate(self.buckets))
+        return self.total
+
+
+class Chain:
+    """The buddy allocator of one chain: free lists and the counters of the safety invariant.
+
+    ``free[L]``: maximal free cells of level ``L``; ``F[L]``: their leaves; ``D[L]``: leaves of the
+    VCs' unbound virtual cells of level ``L``; ``leaves_at[L]``: leaves of one full level-``L`` cell.
+    """
+
+    def __init__(self, name: str, top: int, leaves_at: list[int]) -> None:
+        self.name = name
+        self.top = top
+        self.leaves_at = leaves_at
+        self.free: list[dict[Cell, None]] = [{} for _ in range(top + 1)]
+        self.F = [0] * (top + 1)
+        self.D = [0] * (top + 1)
+
+    def add_free(self, c: Cell) -> None:
+        c.state = FREE
+        self.free[c.level][c] = None
+        self.F[c.level] += len(c.leaves)
+        if c.parent is not None:
+            c.parent.free_children += 1
+
+    def remove_free(self, c: Cell) -> None:
+        del self.free[c.level][c]
+        self.F[c.level] -= len(c.leaves)
+        if c.parent is not None:
+            c.parent.free_children -= 1
+
+    def violation(self) -> int | None:
+        """The highest level where free capacity (levels >= L) < unbound demand (levels >= L)."""
+        sf = sd = 0
+        for lv in range(self.top, 0, -1):
+            sf += self.F[lv]
+            sd += self.D[lv]
+            if sf < sd:
+                return lv
+        return None
 
 
 @dataclass
 class Topology:
-    """The physical forest plus the static VC binding and the segments."""
+    """The physical forest, chains, pinned cells and the node segments."""
 
     roots: list[Cell] = field(default_factory=list)
     nodes: dict[str, Cell] = field(default_factory=dict)
     cells_by_type: dict[tuple[str, str], list[Cell]] = field(default_factory=dict)  # (chain, type)
     pinned: dict[str, Cell] = field(default_factory=dict)
     pinned_vc: dict[str, str] = field(default_factory=dict)
-    bindings: dict[str, list[tuple[str, Cell]]] = field(default_factory=dict)  # vc -> (path, cell)
-    segments: list[Segment] = field(default_factory=list)
+    chains: dict[str, Chain] = field(default_factory=dict)
+    levels: dict[str, int] = field(default_factory=dict)  # cell type -> level
+    chain_sku: dict[str, str] = field(default_factory=dict)
+    segment_count: int = 0
 
 
-def _type_levels(config: ClusterConfig) -> dict[str, int]:
+def type_levels(config: ClusterConfig) -> dict[str, int]:
     levels = {s: 1 for s in config.physical_cluster.sku_types}
     types = config.physical_cluster.cell_types
 
@@ -189,9 +280,10 @@ def _type_levels(config: ClusterConfig) -> dict[str, int]:
 
 
 def build_topology(config: ClusterConfig) -> Topology:
-    """Build the physical cell forest of ``config`` (already checked by the loader)."""
+    """Build the physical cell forest of ``config`` (already checked by the loader) and put every
+    complete, unpinned maximal cell into its chain's free lists."""
     topo = Topology()
-    levels = _type_levels(config)
+    levels = topo.levels = type_levels(config)
     types = config.physical_cluster.cell_types
     counter = [0]
 
@@ -248,9 +340,7 @@ def build_topology(config: ClusterConfig) -> Topology:
         addrs = [lf.address for lf in node.leaves]
         # leaves directly under the node may carry their GPU index as cellAddress; deeper nodes
         # number their leaves in DFS order
-        explicit = (
-            node.level == 2 and all(a.isdigit() for a in addrs) and len({int(a) for a in addrs}) == len(addrs)
-        )
+        explicit = node.level == 2 and all(a.isdigit() for a in addrs) and len({int(a) for a in addrs}) == len(addrs)
         for i, lf in enumerate(node.leaves):
             lf.index = int(lf.address) if explicit else i
         node.leaves.sort(key=lambda c: c.index)
@@ -262,84 +352,65 @@ def build_topology(config: ClusterConfig) -> Topology:
                     node.internal.append(c)
                     stack.extend(c.children)
             node.internal.sort(key=lambda c: c.order)
+
+    # chains and the initial buddy state
+    for root in topo.roots:
+        if root.chain not in topo.chains:
+            top = root.level
+            leaves_at = [0] * (top + 1)
+            for t in config.type_chain_below(root.chain):
+                leaves_at[levels[t]] = config.leaf_count(t)
+            topo.chains[root.chain] = Chain(root.chain, top, leaves_at)
+            topo.chain_sku[root.chain] = config.leaf_sku(root.chain)
+    pinned_cells = set(map(id, topo.pinned.values()))
+
+    def has_pinned(c: Cell) -> bool:
+        return any(lf.pinned_cell_id is not None for lf in c.leaves)
+
+    def init(c: Cell, chain: Chain) -> None:
+        if id(c) in pinned_cells:
+            c.state = PINNED
+            return
+        if c.complete and c.leaves and not has_pinned(c):
+            chain.add_free(c)
+            return
+        c.state = FIXED
+        for ch in c.children:
+            init(ch, chain)
+
+    for root in topo.roots:
+        init(root, topo.chains[root.chain])
     return topo
 
 
-def _mark_bound(cell: Cell, vc: str | None) -> None:
-    """Bind ``cell`` (its whole subtree) to ``vc``; ancestors count the bound leaves."""
-    stack = [cell]
-    while stack:
-        c = stack.pop()
-        c.bound_leaves = len(c.leaves)
-        if c.level == 1:
-            c.vc = vc
-        stack.extend(c.children)
-    n = len(cell.leaves)
-    a = cell.parent
-    while a is not None:
-        a.bound_leaves += n
-        a = a.parent
-
-
-def bind_virtual_clusters(topo: Topology, config: ClusterConfig) -> None:
-    """Statically bind every VC's virtual cells and pinned cells to physical cells.
-
-    Order: pinned cells first, then virtual cells highest level first; among free physical cells of
-    the requested (chain, type), prefer ones under the lowest already-split ancestor (buddy-style:
-    split a cell that is already split before splitting a whole one), then DFS order.  Raises
-    ValidationError ``virtualClusters.<vc>.virtualCells[<i>]`` when too few remain.
-    """
-    for cell in topo.pinned.values():  # every pinned cell is out of the virtual-cell pool
-        _mark_bound(cell, None)
-    for vc_name, vc in config.virtual_clusters.items():
-        topo.bindings.setdefault(vc_name, [])
-        for pc in vc.pinned_cells:
-            cell = topo.pinned[pc.pinned_cell_id]
-            topo.pinned_vc[pc.pinned_cell_id] = vc_name
-            for lf in cell.leaves:
-                lf.vc = vc_name
-            topo.bindings[vc_name].append((f"pinned:{pc.pinned_cell_id}", cell))
-
-    levels = _type_levels(config)
+def check_initial_assignment(topo: Topology, config: ClusterConfig) -> None:
+    """Add every VC's virtual cells to the chains' demand; raise ValidationError naming the VC, the
+    virtual cell entry and the level when the safety invariant cannot hold (HiveD rejects such a
+    config at start).  Highest levels first, then VC and entry order."""
     vc_order = {name: i for i, name in enumerate(config.virtual_clusters)}
     requests = [
         (vc_name, i, vcell)
         for vc_name, vc in config.virtual_clusters.items()
         for i, vcell in enumerate(vc.virtual_cells)
     ]
-    requests.sort(key=lambda r: (-levels[r[2].leaf_type], vc_order[r[0]], r[1]))
+    requests.sort(key=lambda r: (-topo.levels[r[2].leaf_type], vc_order[r[0]], r[1]))
     for vc_name, i, vcell in requests:
-        chain, t = vcell.chain, vcell.leaf_type
-        free = [c for c in topo.cells_by_type.get((chain, t), []) if c.bound_leaves == 0 and c.complete]
-        if len(free) < vcell.cell_number:
-            total = len(topo.cells_by_type.get((chain, t), []))
+        chain = topo.chains[vcell.chain]
+        lv = topo.levels[vcell.leaf_type]
+        chain.D[lv] += vcell.cell_number * chain.leaves_at[lv]
+        bad = chain.violation()
+        if bad is not None:
+            have = sum(chain.F[k] for k in range(bad, chain.top + 1)) // chain.leaves_at[bad]
+            want = sum(chain.D[k] for k in range(bad, chain.top + 1)) // chain.leaves_at[bad]
             raise ValidationError(
                 f"virtualClusters.{vc_name}.virtualCells[{i}]",
-                f"VC {vc_name} needs {vcell.cell_number} cell(s) of type {t} in chain {chain}, but only "
-                f"{len(free)} of {total} physical {t} cell(s) are still unassigned",
+                f"VC {vc_name} does not fit: {vcell.cell_number} cell(s) of type {vcell.leaf_type} in chain "
+                f"{vcell.chain}; at level {bad} the VCs need {want} cell(s) but only {have} physical cell(s) "
+                f"of that level are available",
             )
-
-        def split_score(c: Cell) -> tuple[int, int]:
-            for a in c.ancestors():
-                if a.bound_leaves > 0:
-                    return (a.level, c.order)
-            return (1 << 30, c.order)
-
-        free.sort(key=split_score)
-        for c in free[: vcell.cell_number]:
-            _mark_bound(c, vc_name)
-            topo.bindings[vc_name].append((vcell.cell_type, c))
-
-    order = 0
-    for node in topo.nodes.values():
-        by_pool: dict[PoolKey, Segment] = {}
-        for lf in node.leaves:
-            key: PoolKey = (lf.vc, lf.pinned_cell_id, lf.sku)
-            seg = by_pool.get(key)
-            if seg is None:
-                seg = by_pool[key] = Segment(node, key, order)
-                order += 1
-                topo.segments.append(seg)
-            seg.leaves.append(lf)
-            lf.segment = seg
-            seg.free += 1
+    for vc_name, vc in config.virtual_clusters.items():
+        for pc in vc.pinned_cells:
+            cell = topo.pinned[pc.pinned_cell_id]
+            topo.pinned_vc[pc.pinned_cell_id] = vc_name
+            for lf in cell.leaves:
+                lf.vc = vc_name

@@ -2,19 +2,32 @@
 
 Rules and their sources:
 
-* VC safety: a guaranteed group (priority 0..1000) uses only its own VC's cells, even when other VCs
-  are idle (HiveD paper section 3, user manual "VC Safety").
-* Opportunistic groups (priority -1) use any free cell of the cluster, never preempt, and are
-  preempted by guaranteed groups that need the cell (user manual "Opportunistic Job").
-* Intra-VC preemption: a guaranteed group preempts strictly lower priority groups (and opportunistic
-  ones) on its VC's cells; the preempted cells are *reserved* for it (HiveD "Preempting" state,
-  doc/design/state-machine.md); a higher priority preemptor supersedes a lower one.
+* VC safety: a guaranteed group (priority 0..1000) uses only cells bound to its own VC's virtual cells,
+  even when other VCs are idle (HiveD paper section 3, user manual "VC Safety").  Virtual cells bind
+  LAZILY (paper section 4.2; doc/design/state-machine.md): when first used, by buddy allocation, and
+  unbind when freed; the safety invariant of :class:`~apiary.scheduler.cells.Chain` is checked on every
+  binding (a binding that would break it is refused; :meth:`HivedScheduler.check_invariants` verifies
+  the whole state and raises PlatformError on any violation).
+* Opportunistic groups (priority -1) use any free unpinned cell of the cluster (unbound cells first, so
+  they stay away from guaranteed jobs), never preempt, and are preempted by guaranteed groups that need
+  the cell (user manual "Opportunistic Job"; inter-VC preemption).
+* Intra-VC preemption: a guaranteed group preempts strictly lower priority groups of its VC; the
+  preempted cells are *reserved* for it (HiveD "Preempting" state); a higher priority preemptor
+  supersedes a lower one.  Lazy preemption (constructor ``lazy_preemption`` or
+  ``GroupRequest.lazy_preemption`` of the victim): victims are first downgraded to opportunistic
+  (``Decision.downgraded``) and killed only when the preemptor really needs their cells.
 * Gang: all pending instances at once or none (OpenPAI ``extras.gangAllocation``, HiveD affinity
-  group); incremental groups place as many as fit.
+  group); incremental groups place as many as fit.  A waiting gang reserves nothing unless it
+  preempts, so it never blocks smaller jobs (no head-of-line blocking).
 * Each task on one node; pack by best fit and keep a group under its lowest common ancestor cell
-  (HiveD buddy allocation / topology-aware placement).
+  (HiveD topology-aware placement).
 * Leaf cells per task = max(ceil(gpu/sku.gpu), ceil(cpu/sku.cpu), ceil(memory/sku.memory)), >= 1
   (OpenPAI rest-server); a gang job larger than its VC is rejected with OpenPAI's message.
+* Bad nodes (unhealthy or cordoned) get no new placements; bindings prefer healthy cells;
+  ``status()`` reports per VC the virtual cells that only bad hardware can satisfy ("doomed").
+
+Units: leaf cells (``gpu`` GPUs each), MiB, cores.  Errors: ValidationError / QuotaExceededError for
+requests, PlatformError for inconsistent allocations or a broken invariant.
 
 No I/O, clock, threads or randomness: every call is a deterministic function of the call history.
 """
@@ -24,17 +37,24 @@ from __future__ import annotations
 import math
 from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from apiary.errors import PlatformError, QuotaExceededError, ValidationError
 from apiary.scheduler.cells import (
     ALL_VCS,
+    BOUND,
+    FREE,
+    INSIDE,
+    SPLIT,
+    STATE_NAMES,
     BucketIndex,
     Cell,
+    Chain,
     PoolKey,
     Segment,
-    bind_virtual_clusters,
+    Topology,
     build_topology,
+    check_initial_assignment,
 )
 from apiary.scheduler.types import (
     MAX_GUARANTEED_PRIORITY,
@@ -51,16 +71,18 @@ Instance = tuple[str, int]
 _Item = tuple[str, int, int]  # (task_role, index, leaf cells needed)
 _Fit = dict[Instance, tuple[Segment, list[Cell]]]
 
+#: segments considered by a multi-node fit (the fullest ones); bounds the cost of one search
+_FIT_CANDIDATES = 256
+#: free-list entries looked at per level when choosing a physical cell to bind
+_BIND_SCAN = 32
+
 
 @dataclass
 class _Group:
     request: GroupRequest
     placements: dict[Instance, TaskPlacement] = field(default_factory=dict)
     leaves: dict[Instance, list[Cell]] = field(default_factory=dict)
-
-    @property
-    def priority(self) -> int:
-        return self.request.priority
+    priority: int = 0  # effective: -1 once downgraded by lazy preemption
 
 
 @dataclass
@@ -70,6 +92,8 @@ class _Reservation:
     placements: tuple[TaskPlacement, ...]
     leaves: list[Cell]
     reason: str
+    vc: str
+    downgraded: tuple[str, ...] = ()
 
 
 def _self_label(priority: int) -> str:
@@ -123,12 +147,13 @@ class _Source:
     def as_dict(self) -> dict[Segment, list[Cell]]:
         if self.avail is not None:
             return self.avail
-        return {seg: seg.free_leaves(self.group) for seg in self.index.segments()}  # type: ignore[union-attr]
+        segs = self.index.fullest(_FIT_CANDIDATES)  # type: ignore[union-attr]
+        return {seg: seg.free_leaves(self.group) for seg in sorted(segs, key=lambda s: s.order)}
 
     def total(self) -> int:
         if self.avail is not None:
             return sum(len(v) for v in self.avail.values())
-        return self.index.free_total()  # type: ignore[union-attr]
+        return self.index.total  # type: ignore[union-attr]
 
 
 def _pick_leaves(node: Cell, avail: list[Cell], need: int) -> list[Cell]:
@@ -239,46 +264,248 @@ class HivedScheduler:
     """HiveD semantics over one :class:`~apiary.spec.cluster.ClusterConfig`.
 
     Implements :class:`~apiary.scheduler.types.SchedulerAlgorithm`.  Construction builds the cell
-    tree and binds every VC (raises ValidationError naming the VC on an impossible assignment).
+    tree and checks that every VC's virtual cells fit (raises ValidationError naming the VC and level
+    on an impossible assignment).  ``lazy_preemption``: default for groups whose request does not say.
     """
 
-    def __init__(self, config: ClusterConfig) -> None:
+    def __init__(self, config: ClusterConfig, lazy_preemption: bool = False) -> None:
         self.config = config
-        self.topo = build_topology(config)
-        bind_virtual_clusters(self.topo, config)
+        self.lazy_preemption = lazy_preemption
+        self.topo: Topology = build_topology(config)
+        check_initial_assignment(self.topo, config)
         self._skus = config.physical_cluster.sku_types
         self._sku_order = list(self._skus)
         self._vcs = list(config.virtual_clusters)
         self._groups: dict[str, _Group] = {}
         self._reservations: dict[str, _Reservation] = {}
+        self._plans: dict[str, tuple[tuple[TaskPlacement, ...], list[Cell]]] = {}
         self._unhealthy: set[str] = set()
+        self._maybe_unbind: dict[Cell, None] = {}
         self._index: dict[PoolKey, BucketIndex] = {}
-        self._pool_segments: dict[PoolKey, list[Segment]] = defaultdict(list)
-        self._pool_max: dict[PoolKey, int] = defaultdict(int)
-        self._pool_leaves: dict[PoolKey, int] = defaultdict(int)
-        self._node_segments: dict[str, list[Segment]] = defaultdict(list)
-        # per VC (None = unbound): quota leaves, used, oppo used, reserved
-        self._stats: dict[str | None, dict[str, int]] = {
-            v: {"quota": 0, "used": 0, "opportunistic_used": 0, "reserved": 0} for v in [*self._vcs, None]
-        }
-        for seg in self.topo.segments:
-            vc, pinned, sku = seg.pool
-            keys: list[PoolKey] = [seg.pool]
-            if pinned is None:
-                keys.append((ALL_VCS, None, sku))
-            for key in keys:
-                idx = self._index.setdefault(key, BucketIndex())
-                idx.move(seg, 0, seg.free)
-                seg.index.append(idx)
-                self._pool_segments[key].append(seg)
-                self._pool_max[key] = max(self._pool_max[key], len(seg.leaves))
-                self._pool_leaves[key] += len(seg.leaves)
-            self._node_segments[seg.node.address].append(seg)
-            self._stats[vc]["quota"] += len(seg.leaves)
+        self._pool_segs: dict[PoolKey, dict[Segment, None]] = defaultdict(dict)
+        self._pool_max: dict[PoolKey, int] = defaultdict(int)  # largest one-node allocation
+        self._pool_leaves: dict[PoolKey, int] = defaultdict(int)  # capacity (quota) in leaves
+        # virtual cells: vc -> (chain, level) -> unbound count; vc -> bound cells
+        self._unbound: dict[str, dict[tuple[str, int], int]] = {v: defaultdict(int) for v in self._vcs}
+        self._vcell_total: dict[str, dict[tuple[str, int], int]] = {v: defaultdict(int) for v in self._vcs}
+        self._bound: dict[str, dict[Cell, None]] = {v: {} for v in self._vcs}
+        # usage counters per VC (leaves): guaranteed used by priority, reserved, opportunistic (by job VC)
+        self._used_prio: dict[str, dict[int, int]] = {v: defaultdict(int) for v in self._vcs}
+        self._groups_prio: dict[str, dict[int, dict[str, None]]] = {v: defaultdict(dict) for v in self._vcs}
+        self._reserved: dict[str, int] = defaultdict(int)
+        self._oppo_used: dict[str, int] = defaultdict(int)
+        self._used_sku: dict[tuple[str, str], int] = defaultdict(int)  # (vc, sku) guaranteed used+reserved
+        self._seg_order = 0
+        self._chains_of_sku: dict[str, list[Chain]] = defaultdict(list)
+        for name, chain in self.topo.chains.items():
+            self._chains_of_sku[self.topo.chain_sku[name]].append(chain)
+        node_leaves = {name: 0 for name in self.topo.chains}
+        for node in self.topo.nodes.values():
+            node_leaves[node.chain] = max(node_leaves[node.chain], len(node.leaves))
+        self._node_level = {node.chain: node.level for node in self.topo.nodes.values()}  # chain -> node level
+        for vc_name, vc in config.virtual_clusters.items():
+            for vcell in vc.virtual_cells:
+                lv = self.topo.levels[vcell.leaf_type]
+                chain = self.topo.chains[vcell.chain]
+                sku = self.topo.chain_sku[vcell.chain]
+                self._unbound[vc_name][(vcell.chain, lv)] += vcell.cell_number
+                self._vcell_total[vc_name][(vcell.chain, lv)] += vcell.cell_number
+                key: PoolKey = (vc_name, None, sku)
+                self._pool_leaves[key] += vcell.cell_number * chain.leaves_at[lv]
+                one_node = min(chain.leaves_at[lv], node_leaves[vcell.chain])
+                self._pool_max[key] = max(self._pool_max[key], one_node)
+        for pid, cell in self.topo.pinned.items():
+            owner = self.topo.pinned_vc.get(pid)
+            if owner is None:
+                continue
+            key = (owner, pid, cell.sku)
+            self._pool_leaves[key] += len(cell.leaves)
+            per_node: dict[str, int] = defaultdict(int)
+            for lf in cell.leaves:
+                per_node[lf.node.address] += 1  # type: ignore[union-attr]
+            self._pool_max[key] = max(self._pool_max[key], *per_node.values())
+        for node in self.topo.nodes.values():
+            for lf in node.leaves:
+                if lf.pinned_cell_id is None:
+                    seg = self._seg(node, (ALL_VCS, None, lf.sku))
+                    seg.leaves[lf] = None
+                    lf.all_segment = seg
+                    self._seg_free(seg, 1)
+                    self._pool_leaves[seg.pool] += 1
+                    self._pool_max[seg.pool] = max(self._pool_max[seg.pool], len(seg.leaves))
+                seg = self._seg(node, (lf.vc, lf.pinned_cell_id, lf.sku))
+                seg.leaves[lf] = None
+                lf.segment = seg
+                self._seg_free(seg, 1)
         self._vc_skus: dict[str, list[str]] = {
-            v: [s for s in self._sku_order if self._pool_leaves.get((v, None, s))] for v in self._vcs
+            v: [s for s in self._sku_order if any(k[0] == v and k[2] == s for k in self._pool_leaves)]
+            for v in self._vcs
         }
         self._cluster_skus = [s for s in self._sku_order if self._pool_leaves.get((ALL_VCS, None, s))]
+
+    # ------------------------------------------------------------------ segments
+    def _seg(self, node: Cell, pool: PoolKey) -> Segment:
+        seg = node.segs.get(pool)
+        if seg is None:
+            seg = node.segs[pool] = Segment(node, pool, self._seg_order)
+            self._seg_order += 1
+            idx = self._index.get(pool)
+            if idx is None:
+                idx = self._index[pool] = BucketIndex()
+            seg.index.append(idx)
+            self._pool_segs[pool][seg] = None
+        return seg
+
+    def _seg_free(self, seg: Segment, delta: int) -> None:
+        old = seg.free
+        seg.free += delta
+        if seg.node.bad == 0:
+            for idx in seg.index:
+                idx.move(seg, old, seg.free)
+
+    def _move_leaf(self, lf: Cell, vc: str | None) -> None:
+        old = lf.segment
+        assert old is not None and lf.node is not None
+        free = lf.group is None and lf.reserved_by is None
+        del old.leaves[lf]
+        if free:
+            self._seg_free(old, -1)
+        lf.vc = vc
+        seg = self._seg(lf.node, (vc, lf.pinned_cell_id, lf.sku))
+        seg.leaves[lf] = None
+        lf.segment = seg
+        if free:
+            self._seg_free(seg, 1)
+
+    # ------------------------------------------------------------------ buddy binding
+    @staticmethod
+    def _free_ancestor(c: Cell) -> Cell | None:
+        """The FREE cell at or above ``c`` if ``c`` can be bound (free or inside a free cell)."""
+        x: Cell | None = c
+        while x is not None:
+            if x.state == FREE:
+                return x
+            if x.state != INSIDE:
+                return None
+            x = x.parent
+        return None
+
+    def _bind(self, c: Cell, vc: str) -> bool:
+        """Bind one unbound virtual cell of ``vc`` (c's chain and level) to ``c``; False (state
+        unchanged) when ``c`` is not bindable, ``vc`` has no such virtual cell, or VC safety would
+        break."""
+        key = (c.chain, c.level)
+        if self._unbound[vc].get(key, 0) <= 0:
+            return False
+        f = self._free_ancestor(c)
+        if f is None:
+            return False
+        chain = self.topo.chains[c.chain]
+        chain.remove_free(f)
+        x = c
+        path: list[Cell] = []
+        while x is not f:
+            path.append(x)
+            x = x.parent  # type: ignore[assignment]
+        # split f down to c: every cell on the way becomes SPLIT, its other children FREE
+        x = f
+        for nxt in reversed(path):
+            x.state = SPLIT
+            x.free_children = 0
+            for ch in x.children:
+                if ch is not nxt:
+                    chain.add_free(ch)
+            x = nxt
+        c.state = BOUND
+        c.vc = vc
+        c.hold = 0
+        chain.D[c.level] -= len(c.leaves)
+        self._unbound[vc][key] -= 1
+        self._bound[vc][c] = None
+        if chain.violation() is not None:
+            self._unbind(c)
+            return False
+        for lf in c.leaves:
+            self._move_leaf(lf, vc)
+            if lf.group is not None and self._groups[lf.group].priority >= 0:
+                c.hold += 1
+            elif lf.reserved_by is not None:
+                c.hold += 1
+        return True
+
+    def _unbind(self, c: Cell) -> None:
+        """Return a bound cell to the buddy system (merging free buddies)."""
+        vc = c.vc
+        assert vc is not None and c.state == BOUND
+        chain = self.topo.chains[c.chain]
+        for lf in c.leaves:
+            if lf.vc == vc:
+                self._move_leaf(lf, None)
+        del self._bound[vc][c]
+        self._unbound[vc][(c.chain, c.level)] += 1
+        chain.D[c.level] += len(c.leaves)
+        c.vc = None
+        c.hold = 0
+        self._maybe_unbind.pop(c, None)
+        chain.add_free(c)
+        p = c.parent
+        while p is not None and p.state == SPLIT and p.free_children == len(p.children):
+            for ch in p.children:
+                chain.remove_free(ch)
+                ch.state = INSIDE
+            chain.add_free(p)
+            p = p.parent
+
+    def _gc(self) -> None:
+        """Lazy unbinding: bound cells no longer used by a guaranteed group nor reserved."""
+        while self._maybe_unbind:
+            c = next(iter(self._maybe_unbind))
+            del self._maybe_unbind[c]
+            if c.state == BOUND and c.hold == 0:
+                self._unbind(c)
+
+    def _cell_key(self, c: Cell, want: int, hint: Cell | None) -> tuple:
+        clean = c.bad == 0 if c.level == want else c.bad < len(c.leaves)
+        near = 0 if hint is not None and c.parent is hint else 1
+        return (not clean, c.level, c.used > 0, near, c.order)
+
+    def _bind_candidates(self, chain: Chain, lv: int, hint: Cell | None) -> list[Cell]:
+        """Physical level-``lv`` cells to try binding, best first: healthy, lowest free level (buddy),
+        no opportunistic job on them, beside ``hint``."""
+        tops: list[Cell] = []
+        for m in range(lv, chain.top + 1):
+            n = 0
+            for c in chain.free[m]:
+                tops.append(c)
+                n += 1
+                if n >= _BIND_SCAN:
+                    break
+        tops.sort(key=lambda c: self._cell_key(c, lv, hint))
+        out = []
+        for c in tops[:8]:
+            while c.level > lv:
+                c = min(c.children, key=lambda x: (x.bad > 0, x.used > 0, x.order))
+            out.append(c)
+        return out
+
+    def _bind_some(self, vc: str, sku: str, need: int, max_item: int, hint: Cell | None) -> Cell | None:
+        """Bind one more virtual cell of ``vc`` for ``need`` leaves of ``sku``; the bound cell or None."""
+        options: list[tuple[Chain, int]] = []
+        for (chain_name, lv), n in self._unbound[vc].items():
+            if n > 0 and self.topo.chain_sku[chain_name] == sku:
+                options.append((self.topo.chains[chain_name], lv))
+        if not options:
+            return None
+        whole = [o for o in options if o[0].leaves_at[o[1]] >= need]
+        if whole:
+            options = sorted(whole, key=lambda o: (o[1], o[0].name))
+        else:
+            options = sorted(options, key=lambda o: (-o[1], o[0].name))
+        for chain, lv in options:
+            for c in self._bind_candidates(chain, lv, hint):
+                if self._bind(c, vc):
+                    return c
+        return None
 
     # ------------------------------------------------------------------ request helpers
     def _leaf_need(self, task: TaskRequest, sku: str) -> int:
@@ -313,9 +540,6 @@ class HivedScheduler:
             cands = self._vc_skus.get(request.virtual_cluster, [])
         return [{**fixed, **{tr: s for tr in free}} for s in cands] or [fixed]
 
-    def _pool(self, request: GroupRequest, task: TaskRequest, sku: str, vc: str | None = None) -> PoolKey:
-        return (vc if vc is not None else request.virtual_cluster, task.pinned_cell_id, sku)
-
     # ------------------------------------------------------------------ validate
     def validate(self, request: GroupRequest) -> None:
         """Submission-time checks (OpenPAI rest-server + HiveD webserver).
@@ -327,13 +551,12 @@ class HivedScheduler:
         job larger than its VC.
         """
         vc = request.virtual_cluster
-        if vc not in self._stats or vc is None:
+        if vc not in self._unbound:
             raise ValidationError("defaults.virtualCluster", f"unknown virtual cluster {vc!r}")
         if not (request.priority == -1 or 0 <= request.priority <= MAX_GUARANTEED_PRIORITY):
             raise ValidationError(
                 "extras.hivedScheduler.jobPriorityClass",
-                f"priority {request.priority} is neither -1 (opportunistic) "
-                f"nor in 0..{MAX_GUARANTEED_PRIORITY}",
+                f"priority {request.priority} is neither -1 (opportunistic) nor in 0..{MAX_GUARANTEED_PRIORITY}",
             )
         if not request.tasks:
             raise ValidationError("taskRoles", "a job needs at least one task role")
@@ -348,14 +571,10 @@ class HivedScheduler:
                     raise ValidationError(f"{base}.pinnedCellId", f"unknown pinned cell {t.pinned_cell_id!r}")
                 owner = self.topo.pinned_vc.get(t.pinned_cell_id)
                 if owner != vc:
-                    raise ValidationError(
-                        f"{base}.pinnedCellId", f"pinned cell {t.pinned_cell_id!r} is not in VC {vc}"
-                    )
+                    raise ValidationError(f"{base}.pinnedCellId", f"pinned cell {t.pinned_cell_id!r} is not in VC {vc}")
                 psku = self.topo.pinned[t.pinned_cell_id].sku
                 if t.sku_type is not None and t.sku_type != psku:
-                    raise ValidationError(
-                        f"{base}.skuType", f"pinned cell {t.pinned_cell_id!r} has sku {psku}"
-                    )
+                    raise ValidationError(f"{base}.skuType", f"pinned cell {t.pinned_cell_id!r} has sku {psku}")
         last: Exception | None = None
         for option in self._sku_options(request):
             try:
@@ -367,6 +586,9 @@ class HivedScheduler:
             raise ValidationError("defaults.virtualCluster", f"VC {vc} has no cells")
         raise last
 
+    def _scope(self, request: GroupRequest, t: TaskRequest) -> str:
+        return ALL_VCS if request.opportunistic and t.pinned_cell_id is None else request.virtual_cluster
+
     def _validate_option(self, request: GroupRequest, option: dict[str, str]) -> None:
         vc = request.virtual_cluster
         total_need = 0
@@ -376,7 +598,7 @@ class HivedScheduler:
             if sku is None:
                 raise ValidationError("defaults.virtualCluster", f"VC {vc} has no cells")
             need = self._leaf_need(t, sku)
-            scope = ALL_VCS if request.opportunistic and t.pinned_cell_id is None else vc
+            scope = self._scope(request, t)
             key: PoolKey = (scope, t.pinned_cell_id, sku)
             biggest = self._pool_max.get(key, 0)
             if need > biggest:
@@ -392,9 +614,7 @@ class HivedScheduler:
             cap = sum(self._pool_leaves.get(k, 0) for k in quota_keys)
             if total_need > cap:
                 where = f"VC {vc}" if not request.opportunistic else "the cluster"
-                raise QuotaExceededError(
-                    f"Job requests {total_need} SKUs, exceeds maximum {cap} SKUs in {where}."
-                )
+                raise QuotaExceededError(f"Job requests {total_need} SKUs, exceeds maximum {cap} SKUs in {where}.")
 
     # ------------------------------------------------------------------ schedule
     def schedule(self, request: GroupRequest) -> Decision:
@@ -406,15 +626,27 @@ class HivedScheduler:
         pending = tuple(i for i in request.pending_instances() if i not in placed)
         if not pending:
             return Decision("wait", reason=f"All instances of {name} are already placed.")
+        self._plans.pop(name, None)
         res = self._reservations.get(name)
         if res is not None:
             d = self._resume_reservation(request, res, pending)
             if d is not None:
                 return d
         options = self._sku_options(request)
-        if request.opportunistic:
-            return self._schedule_oppo(request, pending, options)
-        return self._schedule_guaranteed(request, pending, options)
+        try:
+            if request.opportunistic:
+                return self._schedule_oppo(request, pending, options)
+            d = self._schedule_guaranteed(request, pending, options)
+            if d.kind == "wait" and d.downgraded and d.reason == "lazy":
+                # lazy preemption: victims now run opportunistically; plan again, kill only if needed
+                self._gc()
+                d2 = self._schedule_guaranteed(request, pending, options)
+                d = replace(d2, downgraded=d.downgraded + d2.downgraded)
+                if d.kind == "preempt" and name in self._reservations:
+                    self._reservations[name].downgraded = d.downgraded
+            return d
+        finally:
+            self._gc()
 
     def _items(
         self, request: GroupRequest, pending: Iterable[Instance], option: dict[str, str]
@@ -441,37 +673,103 @@ class HivedScheduler:
         where = "opportunistically" if request.opportunistic else f"in VC {request.virtual_cluster}"
         return f"Placing {len(placements)} of {pending} pending instance(s) {where} on {nodes}."
 
+    def _vc_free(self, vc: str, sku: str) -> int:
+        """Leaves of ``vc``'s quota in ``sku`` (non-pinned) not used by its guaranteed groups nor reserved."""
+        return self._pool_leaves.get((vc, None, sku), 0) - self._used_sku[(vc, sku)]
+
+    def _preemptable(self, vc: str, priority: int) -> int:
+        return sum(n for p, n in self._used_prio[vc].items() if p < priority)
+
+    def _fit_bound(self, request: GroupRequest, key: PoolKey, items: list[_Item], tent: list[Cell]) -> _Fit | None:
+        """Fit ``items`` into the VC's bound cells, binding more virtual cells (recorded in ``tent``)
+        while they do not fit and the VC has some left."""
+        vc, pinned, sku = key
+        need = sum(it[2] for it in items)
+        want = need if request.gang else min(it[2] for it in items)
+        idx = self._index.get(key)
+        r = None
+        if idx is not None and idx.total >= want:
+            r = _fit(items, _Source(index=idx), request.gang)
+        if pinned is not None or (r is not None and len(r) == len(items)):
+            return r
+        if request.gang and need > self._vc_free(vc, sku):  # type: ignore[arg-type]
+            return None
+        hint: Cell | None = None
+        max_item = max(it[2] for it in items)
+        for _ in range(len(items) + 4):
+            idx = self._index.get(key)
+            have = idx.total if idx is not None else 0
+            c = self._bind_some(vc, sku, max(need - have, max_item), max_item, hint)  # type: ignore[arg-type]
+            if c is None:
+                break
+            tent.append(c)
+            hint = c.parent
+            idx = self._index[key]
+            if idx.total < want:
+                continue
+            r2 = _fit(items, _Source(index=idx), request.gang)
+            if r2 is not None and (r is None or len(r2) > len(r)):
+                r = r2
+            if r is not None and len(r) == len(items):
+                break
+        return r
+
     def _schedule_guaranteed(
         self, request: GroupRequest, pending: tuple[Instance, ...], options: list[dict[str, str]]
     ) -> Decision:
-        vc = request.virtual_cluster
+        vc, p = request.virtual_cluster, request.priority
         best: _Fit | None = None
-        for option in options:
-            fit: _Fit = {}
-            ok = True
-            for (pinned, sku), items in self._items(request, pending, option).items():
-                idx = self._index.get((vc, pinned, sku))
-                r = _fit(items, _Source(index=idx), request.gang) if idx is not None else None
-                if r is None:
-                    ok = False
-                    if request.gang:
-                        break
-                    continue
-                fit.update(r)
-            if request.gang and ok:
-                best = fit
-                break
-            if not request.gang and fit and (best is None or len(fit) > len(best)):
-                best = fit
-        if best:
-            pl = self._placements(best)
-            return Decision("place", pl, reason=self._place_reason(request, pl, len(pending)))
-        target = pending if request.gang else pending[:1]
-        for option in options:
-            d = self._plan_preemption(request, target, option)
-            if d is not None:
-                return d
-        return Decision("wait", reason=self._wait_reason(request, pending, options[0]))
+        tent: list[Cell] = []
+        try:
+            for option in options:
+                groups = self._items(request, pending, option)
+                # quick capacity check: no search when even preemption cannot make room
+                if request.gang:
+                    short = False
+                    for (pinned, sku), items in groups.items():
+                        n = sum(it[2] for it in items)
+                        if pinned is None:
+                            room = self._vc_free(vc, sku) + self._preemptable(vc, p) + self._reserved_lower(vc, p)
+                        else:
+                            room = self._pool_leaves.get((vc, pinned, sku), 0)
+                        if n > room:
+                            short = True
+                    if short:
+                        continue
+                fit: _Fit = {}
+                ok = True
+                for (pinned, sku), items in groups.items():
+                    r = self._fit_bound(request, (vc, pinned, sku), items, tent)
+                    if r is None:
+                        ok = False
+                        if request.gang:
+                            break
+                        continue
+                    fit.update(r)
+                if request.gang and ok:
+                    best = fit
+                    break
+                if not request.gang and fit and (best is None or len(fit) > len(best)):
+                    best = fit
+            if best:
+                pl = self._placements(best)
+                used = {id(lf) for _, lv in best.values() for lf in lv}
+                plan = [c for c in tent if any(id(lf) in used for lf in c.leaves)]
+                self._plans[request.name] = (pl, plan)
+                return Decision("place", pl, reason=self._place_reason(request, pl, len(pending)))
+            target = pending if request.gang else pending[:1]
+            for option in options:
+                d = self._plan_preemption(request, target, option, tent)
+                if d is not None:
+                    return d
+            return Decision("wait", reason=self._wait_reason(request, pending, options[0]))
+        finally:
+            for c in reversed(tent):  # tentative bindings: kept only where a reservation holds them
+                if c.state == BOUND and c.hold == 0:
+                    self._unbind(c)
+
+    def _reserved_lower(self, vc: str, priority: int) -> int:
+        return sum(len(r.leaves) for r in self._reservations.values() if r.vc == vc and r.priority < priority)
 
     def _schedule_oppo(
         self, request: GroupRequest, pending: tuple[Instance, ...], options: list[dict[str, str]]
@@ -481,11 +779,7 @@ class HivedScheduler:
             fit: _Fit = {}
             ok = True
             for (pinned, sku), items in self._items(request, pending, option).items():
-                if pinned is not None:
-                    scopes: list[str | None] = [request.virtual_cluster]
-                else:  # unbound cells first, then the VC with the most free cells, then anywhere
-                    vcs = sorted(self._vcs, key=lambda v: (-self._free_of(v), self._vcs.index(v)))
-                    scopes = [None, *vcs, ALL_VCS]
+                scopes: list[str | None] = [request.virtual_cluster] if pinned is not None else [None, ALL_VCS]
                 r = None
                 for scope in scopes:
                     idx = self._index.get((scope, pinned, sku))
@@ -510,10 +804,6 @@ class HivedScheduler:
             return Decision("place", pl, reason=self._place_reason(request, pl, len(pending)))
         return Decision("wait", reason=self._wait_reason(request, pending, options[0]))
 
-    def _free_of(self, vc: str | None) -> int:
-        st = self._stats[vc]
-        return st["quota"] - st["used"] - st["reserved"]
-
     # ------------------------------------------------------------------ preemption
     def _prio(self, name: str) -> int:
         if name in self._reservations:
@@ -522,18 +812,26 @@ class HivedScheduler:
             return self._groups[name].priority
         return -1
 
+    def _lazy_ok(self, g: _Group) -> bool:
+        flag = getattr(g.request, "lazy_preemption", None)
+        return self.lazy_preemption if flag is None else bool(flag)
+
     def _plan_preemption(
-        self, request: GroupRequest, pending: tuple[Instance, ...], option: dict[str, str]
+        self, request: GroupRequest, pending: tuple[Instance, ...], option: dict[str, str], tent: list[Cell]
     ) -> Decision | None:
         name, p, vc = request.name, request.priority, request.virtual_cluster
         item_groups = self._items(request, pending, option)
+        need = {(pin, sku): sum(it[2] for it in items) for (pin, sku), items in item_groups.items()}
+        for (pin, sku), n in need.items():  # counters first: no scan when preemption cannot help
+            if pin is None and n > self._vc_free(vc, sku) + self._preemptable(vc, p) + self._reserved_lower(vc, p):
+                return None
         base: dict[PoolKey, dict[Segment, list[Cell]]] = {}
         victim_leaves: dict[str, dict[PoolKey, dict[Segment, list[Cell]]]] = {}
         for pinned, sku in item_groups:
             key: PoolKey = (vc, pinned, sku)
             base[key] = {}
-            for seg in self._pool_segments.get(key, []):
-                if seg.node.address in self._unhealthy:
+            for seg in self._pool_segs.get(key, {}):
+                if seg.node.bad > 0:
                     continue
                 for lf in seg.leaves:
                     r = lf.reserved_by
@@ -542,10 +840,7 @@ class HivedScheduler:
                         if r_ok:
                             base[key].setdefault(seg, []).append(lf)
                     elif r_ok and lf.group != name and self._groups[lf.group].priority < p:
-                        victim_leaves.setdefault(lf.group, {}).setdefault(key, {}).setdefault(seg, []).append(
-                            lf
-                        )
-        need = {(pin, sku): sum(it[2] for it in items) for (pin, sku), items in item_groups.items()}
+                        victim_leaves.setdefault(lf.group, {}).setdefault(key, {}).setdefault(seg, []).append(lf)
 
         def counts(chosen: Sequence[str]) -> bool:
             for (pin, sku), n in need.items():
@@ -599,24 +894,42 @@ class HivedScheduler:
                 r = try_fit(trial)
                 if r is not None:
                     chosen, fit = trial, r
+        lazy = [g for g in chosen if self._groups[g].priority >= 0 and self._lazy_ok(self._groups[g])]
+        if lazy:  # lazy preemption: downgrade first, kill only if still needed (schedule re-plans)
+            for g in lazy:
+                self._downgrade(g)
+            return Decision("wait", victims=(), reason="lazy", downgraded=tuple(lazy))
         placements = self._placements(fit)
         leaves = [lf for _, lv in fit.values() for lf in lv]
         occupied = {lf.group for lf in leaves if lf.group}
         victims = [g for g in chosen if g in occupied]
         if not victims:  # lower-priority reservations on these cells are superseded at allocate()
+            self._plans[name] = (placements, [c for c in tent if c.state == BOUND])
             return Decision("place", placements, reason=self._place_reason(request, placements, len(pending)))
         who = ", ".join(_who(self._groups[g]) for g in victims)
         n_cells = sum(1 for lf in leaves if lf.group)
         reason = f"Preempting {who} to free {n_cells} cell{'s' if n_cells != 1 else ''} in VC {vc}."
-        self._reserve(name, _Reservation(p, pending, placements, leaves, reason))
+        self._reserve(name, _Reservation(p, pending, placements, leaves, reason, vc))
         return Decision("preempt", victims=tuple(victims), reason=reason)
 
+    def _downgrade(self, name: str) -> None:
+        """Lazy preemption: the group runs on as opportunistic; its VC quota is free again."""
+        g = self._groups[name]
+        leaves = [lf for lv in g.leaves.values() for lf in lv]
+        for lf in leaves:
+            self._set_leaf(lf, None, lf.reserved_by)
+        self._groups_prio[g.request.virtual_cluster][g.priority].pop(name, None)
+        g.priority = -1
+        self._groups_prio[g.request.virtual_cluster][-1][name] = None
+        for lf in leaves:
+            self._set_leaf(lf, name, lf.reserved_by)
+
     def _reserve(self, name: str, res: _Reservation) -> None:
-        self.cancel(name)
+        self._cancel(name)
         for lf in res.leaves:
             other = lf.reserved_by
             if other is not None and other != name:
-                self.cancel(other)  # superseded by a higher priority preemptor
+                self._cancel(other)  # superseded by a higher priority preemptor
         for lf in res.leaves:
             self._set_leaf(lf, lf.group, name)
         self._reservations[name] = res
@@ -629,105 +942,227 @@ class HivedScheduler:
             return None
         occupants = list(dict.fromkeys(lf.group for lf in res.leaves if lf.group is not None))
         if not occupants:
-            return Decision(
-                "place", res.placements, reason=self._place_reason(request, res.placements, len(pending))
-            )
+            return Decision("place", res.placements, reason=self._place_reason(request, res.placements, len(pending)))
         if all(self._groups[g].priority < res.priority for g in occupants):
-            return Decision("preempt", victims=tuple(occupants), reason=res.reason)
+            return Decision("preempt", victims=tuple(occupants), reason=res.reason, downgraded=res.downgraded)
         self.cancel(request.name)
         return None
 
     # ------------------------------------------------------------------ reasons
-    def _wait_reason(
-        self, request: GroupRequest, pending: tuple[Instance, ...], option: dict[str, str]
-    ) -> str:
+    def _wait_reason(self, request: GroupRequest, pending: tuple[Instance, ...], option: dict[str, str]) -> str:
+        """The waiting reason, from counters (no scan of cells)."""
         vc, p = request.virtual_cluster, request.priority
         parts: list[str] = []
         for (pinned, sku), items in self._items(request, pending, option).items():
-            scope: str | None = ALL_VCS if request.opportunistic and pinned is None else vc
+            scope: str = ALL_VCS if request.opportunistic and pinned is None else vc
             key: PoolKey = (scope, pinned, sku)
-            segs = self._pool_segments.get(key, [])
-            healthy = [s for s in segs if s.node.address not in self._unhealthy]
-            free = sum(s.free for s in healthy)
             total = self._pool_leaves.get(key, 0)
+            idx = self._index.get(key)
+            if scope == ALL_VCS:
+                free = idx.total if idx is not None else 0
+            elif pinned is None:
+                free = self._vc_free(vc, sku)
+            else:
+                free = idx.total if idx is not None else 0
             where = "the cluster" if scope == ALL_VCS else f"VC {vc}"
             cell_kind = f"{sku} leaf cells" + (f" of pinned cell {pinned}" if pinned else "")
             needs = {it[2] for it in items}
             if request.gang and len(items) > 1 and len(needs) == 1:
                 n = needs.pop()
-                slots = sum(s.free // n for s in healthy)
+                slots = 0
+                if idx is not None:
+                    slots = sum(len(b) * (k // n) for k, b in enumerate(idx.buckets))
+                if scope != ALL_VCS and pinned is None:
+                    for (chain_name, lv), cnt in self._unbound[vc].items():
+                        chain = self.topo.chains[chain_name]
+                        if cnt <= 0 or self.topo.chain_sku[chain_name] != sku:
+                            continue
+                        nl = self._node_leaves(chain_name)
+                        per = (
+                            (chain.leaves_at[lv] // nl) * (nl // n)
+                            if chain.leaves_at[lv] >= nl
+                            else (chain.leaves_at[lv] // n)
+                        )
+                        slots += cnt * per
                 parts.append(
                     f"Gang of {len(items)} tasks needs {len(items)} nodes with {n} free leaf "
                     f"cell{'s' if n != 1 else ''} each in {where}; {slots} available."
                     if self._pool_max.get(key, 0) < 2 * n
                     else f"Gang of {len(items)} tasks needs {len(items)} slots of {n} free leaf cell(s) "
-                    f"on one "
-                    f"node each in {where}; {slots} available."
+                    f"on one node each in {where}; {slots} available."
                 )
             parts.append(f"Waiting for resources: {where} has {free} of {total} {cell_kind} free")
-            users: dict[str, int] = defaultdict(int)
-            reservers: dict[str, int] = defaultdict(int)
-            for s in segs:
-                for lf in s.leaves:
-                    if lf.group is not None and lf.group != request.name:
-                        users[lf.group] += 1
-                    elif lf.group is None and lf.reserved_by not in (None, request.name):
-                        reservers[lf.reserved_by] += 1  # type: ignore[index]
             if request.opportunistic:
                 parts[-1] += "; opportunistic jobs never preempt."
             else:
-                blocking = [g for g in users if self._groups[g].priority >= p]
+                blocking: list[str] = []
+                n_block = 0
+                for prio, names in self._groups_prio[vc].items():
+                    if prio >= p:
+                        n_block += len(names) - (request.name in names)
+                        for g in names:
+                            if g != request.name and len(blocking) < 5:
+                                blocking.append(g)
                 if blocking:
-                    who = ", ".join(_who(self._groups[g]) for g in blocking[:5])
-                    more = f" and {len(blocking) - 5} more" if len(blocking) > 5 else ""
+                    who = ", ".join(_who(self._groups[g]) for g in blocking)
+                    more = f" and {n_block - len(blocking)} more" if n_block > len(blocking) else ""
                     parts[-1] += f"; used by {who}{more} which this job ({_self_label(p)}) cannot preempt."
                 else:
                     parts[-1] += "."
-            for r, n in reservers.items():
-                parts.append(f"{n} cell(s) reserved for preempting job {r} (priority {self._prio(r)}).")
-            bad = sorted({s.node.address for s in segs if s.node.address in self._unhealthy})
-            if bad:
-                parts.append("; ".join(f"node {b} unhealthy" for b in bad[:5]) + ".")
+            for r, res in self._reservations.items():
+                if r != request.name and res.vc == vc and not request.opportunistic:
+                    parts.append(
+                        f"{len(res.leaves)} cell(s) reserved for preempting job {r} (priority {res.priority})."
+                    )
+            if self._unhealthy:
+                chains = {c.name for c in self._chains_of_sku.get(sku, [])}
+                bad = sorted(n for n in self._unhealthy if self.topo.nodes[n].chain in chains)
+                if bad:
+                    parts.append("; ".join(f"node {b} unhealthy" for b in bad[:5]) + ".")
         return " ".join(parts)
+
+    def _node_leaves(self, chain: str) -> int:
+        lv = self._node_level.get(chain, 1)
+        return self.topo.chains[chain].leaves_at[lv] or 1
 
     # ------------------------------------------------------------------ state changes
     def _set_leaf(self, lf: Cell, group: str | None, reserved_by: str | None) -> None:
-        seg = lf.segment
-        assert seg is not None
-        was_free = lf.group is None and lf.reserved_by is None
-        st = self._stats[lf.vc if lf.vc in self._stats else None]
-        if lf.group is not None:
-            st["used"] -= 1
-            if self._groups[lf.group].priority < 0:
-                st["opportunistic_used"] -= 1
-        elif lf.reserved_by is not None:
-            st["reserved"] -= 1
+        old_g, old_r = lf.group, lf.reserved_by
+        was_free = old_g is None and old_r is None
+        pinned = lf.pinned_cell_id is not None
+        old_h = 0
+        if old_g is not None:
+            g = self._groups[old_g]
+            if g.priority >= 0:
+                old_h = 1
+                self._used_prio[g.request.virtual_cluster][g.priority] -= 1
+            else:
+                self._oppo_used[g.request.virtual_cluster] -= 1
+            if group is None:
+                x: Cell | None = lf
+                while x is not None:
+                    x.used -= 1
+                    x = x.parent
+        if old_r is not None:
+            old_h = 1
+            if old_g is None:
+                self._reserved[lf.vc or ""] -= 1  # type: ignore[index]
         lf.group, lf.reserved_by = group, reserved_by
+        new_h = 0
         if group is not None:
-            st["used"] += 1
-            if self._groups[group].priority < 0:
-                st["opportunistic_used"] += 1
-        elif reserved_by is not None:
-            st["reserved"] += 1
+            g = self._groups[group]
+            if g.priority >= 0:
+                new_h = 1
+                self._used_prio[g.request.virtual_cluster][g.priority] += 1
+            else:
+                self._oppo_used[g.request.virtual_cluster] += 1
+            if old_g is None:
+                x = lf
+                while x is not None:
+                    x.used += 1
+                    x = x.parent
+        if reserved_by is not None:
+            new_h = 1
+            if group is None:
+                self._reserved[lf.vc or ""] += 1  # type: ignore[index]
+        if new_h != old_h and lf.vc is not None and not pinned:
+            self._used_sku[(lf.vc, lf.sku)] += new_h - old_h
+            root = lf.bound_root()
+            if root is not None:
+                root.hold += new_h - old_h
+                if root.hold == 0:
+                    self._maybe_unbind[root] = None
         is_free = group is None and reserved_by is None
         if was_free != is_free:
-            old = seg.free
-            seg.free += 1 if is_free else -1
-            if seg.node.address not in self._unhealthy:
-                for idx in seg.index:
-                    idx.move(seg, old, seg.free)
+            d = 1 if is_free else -1
+            self._seg_free(lf.segment, d)  # type: ignore[arg-type]
+            if lf.all_segment is not None:
+                self._seg_free(lf.all_segment, d)
+
+    def _ancestor_at(self, lf: Cell, level: int) -> Cell | None:
+        x: Cell | None = lf
+        while x is not None and x.level < level:
+            x = x.parent
+        return x if x is not None and x.level == level else None
+
+    def _cover(self, name: str, vc: str, leaves: list[Cell], plan: list[Cell]) -> list[Cell]:
+        """Bind virtual cells of ``vc`` so every leaf is in a cell bound to ``vc``; the new bindings.
+        Uses ``plan`` (from schedule) first, then the lowest level that binds.  PlatformError (nothing
+        changed) when impossible."""
+        new: list[Cell] = []
+        try:
+            for c in plan:
+                if c.state == BOUND and c.vc == vc:
+                    continue
+                if self._bind(c, vc):
+                    new.append(c)
+            for lf in leaves:
+                if lf.pinned_cell_id is not None:
+                    if lf.vc != vc:
+                        raise PlatformError(
+                            f"allocate {name}: pinned leaf cell {lf.index} of {lf.node} is not VC {vc}'s"
+                        )
+                    continue
+                root = lf.bound_root()
+                if root is not None:
+                    if root.vc != vc:
+                        raise PlatformError(
+                            f"allocate {name}: leaf cell {lf.index} of node {lf.node.address} "  # type: ignore[union-attr]
+                            f"is bound to VC {root.vc}"
+                        )
+                    continue
+                levels = sorted(lv for (ch, lv), n in self._unbound[vc].items() if ch == lf.chain and n > 0)
+                # prefer the lowest level whose cell holds all the group's uncovered leaves of this chain,
+                # then all of this node's, then any (keeps replay after a restart close to schedule's plan)
+                rest = [
+                    x for x in leaves if x.chain == lf.chain and x.bound_root() is None and x.pinned_cell_id is None
+                ]
+                on_node = [x for x in rest if x.node is lf.node]
+                cands = [(lv, self._ancestor_at(lf, lv)) for lv in levels]
+                ranked = sorted(
+                    (a for _, a in cands if a is not None),
+                    key=lambda a: (
+                        not all(self._ancestor_at(x, a.level) is a for x in rest),
+                        not all(self._ancestor_at(x, a.level) is a for x in on_node),
+                        a.level,
+                    ),
+                )
+                for a in ranked:
+                    if self._bind(a, vc):
+                        new.append(a)
+                        break
+                else:
+                    raise PlatformError(
+                        f"allocate {name}: VC {vc} has no free virtual cell (quota) that can be bound to leaf "
+                        f"cell {lf.index} of node {lf.node.address} without breaking VC safety"  # type: ignore[union-attr]
+                    )
+        except PlatformError:
+            for c in reversed(new):
+                if c.state == BOUND and c.hold == 0:
+                    self._unbind(c)
+            raise
+        return new
 
     def allocate(self, name: str, request: GroupRequest, placements: Sequence[TaskPlacement]) -> None:
         """Commit placements (HiveD AddAllocatedPod); also rebuilds state after a restart.
 
         Accepts any physically consistent placement (known node, existing leaf indices, GPUs that
-        match the leaves).  Raises PlatformError when a leaf is used by another group or the
-        placement is inconsistent; re-allocating an identical instance is a no-op.  Reservations
-        that overlap are dropped (the other preemptor schedules again).
+        match the leaves) that the group may use: for a guaranteed group, leaves its VC has bound or
+        can bind (lazy binding, safety kept); for an opportunistic one, unpinned leaves.  Raises
+        PlatformError when a leaf is used by another group, the placement is inconsistent or the VC
+        has no quota for it; re-allocating an identical instance is a no-op.  Reservations that
+        overlap are dropped (the other preemptor schedules again).
         """
+        self._allocate(name, request, placements, None)
+
+    def _allocate(
+        self, name: str, request: GroupRequest, placements: Sequence[TaskPlacement], plan: list[Cell] | None
+    ) -> None:
+        """The body of :meth:`allocate`; ``plan``: cells to bind first (None = schedule's plan)."""
         resolved: list[tuple[TaskPlacement, list[Cell]]] = []
         taken: set[int] = set()
         g = self._groups.get(name)
+        guaranteed = (g.priority if g is not None else request.priority) >= 0
         for pl in placements:
             node = self.topo.nodes.get(pl.node)
             if node is None:
@@ -745,60 +1180,70 @@ class HivedScheduler:
             gpu = self._skus[leaves[0].sku].gpu
             expect = tuple(x * gpu + k for x in sorted(pl.leaf_cell_indices) for k in range(gpu))
             if tuple(sorted(pl.gpus)) != expect:
-                raise PlatformError(
-                    f"allocate {name}: GPUs {pl.gpus} do not match leaf cells {pl.leaf_cell_indices}"
-                )
+                raise PlatformError(f"allocate {name}: GPUs {pl.gpus} do not match leaf cells {pl.leaf_cell_indices}")
             key = (pl.task_role, pl.index)
             if g is not None and key in g.placements:
                 if g.placements[key].node == pl.node and set(g.placements[key].leaf_cell_indices) == set(
                     pl.leaf_cell_indices
                 ):
                     continue
-                raise PlatformError(
-                    f"allocate {name}: {pl.task_role}[{pl.index}] is already placed elsewhere"
-                )
+                raise PlatformError(f"allocate {name}: {pl.task_role}[{pl.index}] is already placed elsewhere")
             for lf in leaves:
                 if lf.group is not None:
                     raise PlatformError(
-                        f"allocate {name}: leaf cell {lf.index} of node {pl.node} "
-                        f"is already used by {lf.group}"
+                        f"allocate {name}: leaf cell {lf.index} of node {pl.node} is already used by {lf.group}"
                     )
+                if lf.pinned_cell_id is not None and not guaranteed:
+                    raise PlatformError(f"allocate {name}: leaf cell {lf.index} of node {pl.node} is pinned")
             resolved.append((pl, leaves))
-        self.cancel(name)
+        plan_entry = self._plans.pop(name, None)
+        if guaranteed and resolved:
+            if plan is None:
+                plan = plan_entry[1] if plan_entry is not None and plan_entry[0] == tuple(placements) else []
+            self._cover(name, request.virtual_cluster, [lf for _, lv in resolved for lf in lv], plan)
+        self._cancel(name)
         if g is None:
-            g = self._groups[name] = _Group(request)
+            g = self._groups[name] = _Group(request, priority=request.priority)
+            self._groups_prio[request.virtual_cluster][g.priority][name] = None
         else:
             g.request = request
         for pl, leaves in resolved:
             for lf in leaves:
                 if lf.reserved_by is not None and lf.reserved_by != name:
-                    self.cancel(lf.reserved_by)
+                    self._cancel(lf.reserved_by)
             key = (pl.task_role, pl.index)
             g.placements[key] = pl
             g.leaves[key] = leaves
             for lf in leaves:
                 self._set_leaf(lf, name, None)
+        if not g.placements:
+            self._drop_group(name)
+        self._gc()
+
+    def _drop_group(self, name: str) -> None:
+        g = self._groups.pop(name)
+        self._groups_prio[g.request.virtual_cluster][g.priority].pop(name, None)
 
     def release(self, name: str, tasks: Sequence[tuple[str, int]] | None = None) -> None:
-        """Free the group's cells, all or the given instances (HiveD DeleteAllocatedPod).
-        Releasing everything also drops the group's reservation.  Idempotent."""
+        """Free the group's cells, all or the given instances (HiveD DeleteAllocatedPod); bound cells
+        left without guaranteed use unbind.  Releasing everything also drops the group's
+        reservation.  Idempotent."""
         g = self._groups.get(name)
         if tasks is None:
-            self.cancel(name)
-        if g is None:
-            return
-        keys = list(g.placements) if tasks is None else [tuple(t) for t in tasks]
-        for key in keys:
-            if key not in g.placements:
-                continue
-            for lf in g.leaves.pop(key):  # type: ignore[call-overload]
-                self._set_leaf(lf, None, lf.reserved_by)
-            del g.placements[key]  # type: ignore[arg-type]
-        if not g.placements:
-            del self._groups[name]
+            self._cancel(name)
+        if g is not None:
+            keys = list(g.placements) if tasks is None else [tuple(t) for t in tasks]
+            for key in keys:
+                if key not in g.placements:
+                    continue
+                for lf in g.leaves.pop(key):  # type: ignore[call-overload]
+                    self._set_leaf(lf, None, lf.reserved_by)
+                del g.placements[key]  # type: ignore[arg-type]
+            if not g.placements:
+                self._drop_group(name)
+        self._gc()
 
-    def cancel(self, name: str) -> None:
-        """Drop the reservation (Preempting state) of a group that no longer waits.  Idempotent."""
+    def _cancel(self, name: str) -> None:
         res = self._reservations.pop(name, None)
         if res is None:
             return
@@ -806,23 +1251,44 @@ class HivedScheduler:
             if lf.reserved_by == name:
                 self._set_leaf(lf, lf.group, None)
 
+    def cancel(self, name: str) -> None:
+        """Drop the reservation (Preempting state) of a group that no longer waits.  Idempotent."""
+        self._plans.pop(name, None)
+        self._cancel(name)
+        self._gc()
+
     def set_node_health(self, node: str, healthy: bool) -> None:
-        """Mark a node (un)healthy: an unhealthy node gets no new placements; existing ones stay and
-        its cells stay counted in quota."""
-        if node not in self.topo.nodes:
+        """Mark a node (un)healthy (or cordoned): an unhealthy node gets no new placements; existing
+        ones stay and its cells stay counted in quota.  Free virtual cells bind to healthy cells
+        first; see ``status()['virtualClusters'][vc]['doomedBadCells']``."""
+        cell = self.topo.nodes.get(node)
+        if cell is None:
             raise ValidationError("node", f"unknown node {node!r}")
         if healthy == (node not in self._unhealthy):
             return
+        n = len(cell.leaves)
         if healthy:
             self._unhealthy.discard(node)
-            for seg in self._node_segments[node]:
+            for c in cell.internal or [cell]:
+                c.bad = 0
+            for lf in cell.leaves:
+                lf.bad = 0
+            for a in cell.ancestors():
+                a.bad -= n
+            for seg in cell.segs.values():
                 for idx in seg.index:
                     idx.move(seg, 0, seg.free)
         else:
-            self._unhealthy.add(node)
-            for seg in self._node_segments[node]:
+            for seg in cell.segs.values():
                 for idx in seg.index:
                     idx.move(seg, seg.free, 0)
+            self._unhealthy.add(node)
+            for c in cell.internal or [cell]:
+                c.bad = len(c.leaves)
+            for lf in cell.leaves:
+                lf.bad = 1
+            for a in cell.ancestors():
+                a.bad += n
 
     # ------------------------------------------------------------------ queries
     def nodes(self) -> dict[str, NodeInfo]:
@@ -843,35 +1309,246 @@ class HivedScheduler:
         """Groups holding cells, by name."""
         return {n: g.request for n, g in self._groups.items()}
 
-    def status(self) -> dict:
-        """JSON-able snapshot: ``virtualClusters`` {vc: {quota, used, free, reserved,
-        opportunisticUsed}} (leaf cells; ``(unbound)`` for unbound cells), ``nodes`` {node: {leafCells,
-        healthy, used: {group: leaf cells}}}, ``reservations`` {group: {priority, victims, cells}}."""
+    def downgraded(self) -> list[str]:
+        """Guaranteed groups that lazy preemption turned opportunistic (still running)."""
+        return [n for n, g in self._groups.items() if g.priority < 0 <= g.request.priority]
+
+    def _doomed(self) -> dict[str, dict[tuple[str, int], int]]:
+        """Per VC and (chain, level): unbound virtual cells only bad hardware can satisfy now."""
+        out: dict[str, dict[tuple[str, int], int]] = {v: {} for v in self._vcs}
+        if not self._unhealthy:
+            return out
+        by_chain: dict[str, dict[Cell, None]] = defaultdict(dict)
+        for n in self._unhealthy:
+            f = self._free_ancestor(self.topo.nodes[n])
+            if f is not None:
+                by_chain[f.chain][f] = None
+        for chain_name, frees in by_chain.items():
+            chain = self.topo.chains[chain_name]
+            H = list(chain.F)
+
+            def clean(c: Cell, H: list[int] = H) -> None:
+                for ch in c.children:
+                    if ch.bad == 0:
+                        H[ch.level] += len(ch.leaves)
+                    elif ch.level > 1 and ch.bad < len(ch.leaves):
+                        clean(ch)
+
+            for f in frees:
+                H[f.level] -= len(f.leaves)
+                clean(f)
+            sh = sd = lost = 0
+            for lv in range(chain.top, 0, -1):
+                sh += H[lv]
+                sd += chain.D[lv]
+                deficit = sd - sh - lost
+                if deficit > 0 and chain.D[lv] > 0:
+                    cells = min(-(-deficit // chain.leaves_at[lv]), chain.D[lv] // chain.leaves_at[lv])
+                    lost += cells * chain.leaves_at[lv]
+                    for v in self._vcs:
+                        k = min(cells, self._unbound[v].get((chain_name, lv), 0))
+                        if k > 0:
+                            out[v][(chain_name, lv)] = k
+                            cells -= k
+        return out
+
+    def status(self, vc: str | None = None) -> dict:
+        """JSON-able snapshot (cost O(nodes + groups), no cell scan).
+
+        ``virtualClusters`` {vc: {quota, used, free, reserved, opportunisticUsed (leaf cells; used =
+        by its guaranteed groups, opportunisticUsed = by its opportunistic groups anywhere),
+        badCells (its bound leaves on unhealthy nodes), doomedBadCells (virtual cells only bad
+        hardware can satisfy), cells: {"<chain>/<level>": {total, bound, free}}}}, ``physical``
+        {chain: {level: free cells}}, ``nodes`` {node: {leafCells, healthy, used: {group: leaves}}},
+        ``groups`` {group: {vc, priority, downgraded, placements}}, ``reservations`` {group:
+        {priority, victims, cells}}.  ``vc`` restricts VCs, groups, nodes and reservations to one VC.
+        """
+        doomed = self._doomed()
         vcs = {}
-        for v, st in self._stats.items():
-            if v is None and st["quota"] == 0:
-                continue
-            vcs[v if v is not None else "(unbound)"] = {
-                "quota": st["quota"],
-                "used": st["used"],
-                "free": st["quota"] - st["used"] - st["reserved"],
-                "reserved": st["reserved"],
-                "opportunisticUsed": st["opportunistic_used"],
+        for v in self._vcs if vc is None else [vc]:
+            if v not in self._unbound:
+                raise ValidationError("vc", f"unknown virtual cluster {v!r}")
+            quota = sum(n for k, n in self._pool_leaves.items() if k[0] == v)
+            used = sum(self._used_prio[v].values())
+            reserved = self._reserved.get(v, 0)
+            bad = sum(c.bad for c in self._bound[v])
+            cells = {}
+            for (chain_name, lv), total in self._vcell_total[v].items():
+                free = self._unbound[v][(chain_name, lv)]
+                cells[f"{chain_name}/{lv}"] = {"total": total, "bound": total - free, "free": free}
+            vcs[v] = {
+                "quota": quota,
+                "used": used,
+                "free": quota - used - reserved,
+                "reserved": reserved,
+                "opportunisticUsed": self._oppo_used.get(v, 0),
+                "badCells": bad,
+                "doomedBadCells": sum(doomed[v].values()),
+                "cells": cells,
             }
-        nodes: dict[str, dict] = {
-            n: {"leafCells": len(c.leaves), "healthy": n not in self._unhealthy, "used": {}}
-            for n, c in self.topo.nodes.items()
+        physical = {
+            name: {str(lv): len(chain.free[lv]) for lv in range(chain.top, 0, -1) if chain.free[lv]}
+            for name, chain in self.topo.chains.items()
         }
-        for gname, g in self._groups.items():
-            for pl in g.placements.values():
-                used = nodes[pl.node]["used"]
-                used[gname] = used.get(gname, 0) + len(pl.leaf_cell_indices)
+        groups = {
+            n: {
+                "vc": g.request.virtual_cluster,
+                "priority": g.priority,
+                "downgraded": g.priority < 0 <= g.request.priority,
+                "placements": [
+                    {"task": f"{p.task_role}[{p.index}]", "node": p.node, "leafCells": list(p.leaf_cell_indices)}
+                    for p in g.placements.values()
+                ],
+            }
+            for n, g in self._groups.items()
+            if vc is None or g.request.virtual_cluster == vc
+        }
+        nodes: dict[str, dict] = {}
+        if vc is None:
+            nodes = {
+                n: {"leafCells": len(c.leaves), "healthy": n not in self._unhealthy, "used": {}}
+                for n, c in self.topo.nodes.items()
+            }
+        for gname in groups:
+            for pl in self._groups[gname].placements.values():
+                c = self.topo.nodes[pl.node]
+                row = nodes.setdefault(
+                    pl.node, {"leafCells": len(c.leaves), "healthy": pl.node not in self._unhealthy, "used": {}}
+                )
+                row["used"][gname] = row["used"].get(gname, 0) + len(pl.leaf_cell_indices)
         res = {
             n: {
                 "priority": r.priority,
                 "victims": list(dict.fromkeys(lf.group for lf in r.leaves if lf.group)),
-                "cells": [f"{lf.segment.node.address}/{lf.index}" for lf in r.leaves],  # type: ignore[union-attr]
+                "cells": [f"{lf.node.address}/{lf.index}" for lf in r.leaves],  # type: ignore[union-attr]
             }
             for n, r in self._reservations.items()
+            if vc is None or r.vc == vc
         }
-        return {"virtualClusters": vcs, "nodes": nodes, "reservations": res}
+        return {"virtualClusters": vcs, "physical": physical, "nodes": nodes, "groups": groups, "reservations": res}
+
+    # ------------------------------------------------------------------ invariants
+    def check_invariants(self) -> None:
+        """Verify the whole state from scratch (O(cells); for tests and debugging).  Raises
+        PlatformError naming the first violation: VC safety (free physical capacity per chain and
+        level below the VCs' unbound virtual cells), a leaf given to two groups, a guaranteed group
+        outside its VC's bound cells, counters or free lists out of sync."""
+
+        def fail(msg: str) -> None:
+            raise PlatformError(f"scheduler invariant broken: {msg}")
+
+        for name, chain in self.topo.chains.items():
+            lv = chain.violation()
+            if lv is not None:
+                fail(f"VC safety in chain {name} at level {lv}: free {chain.F} < unbound {chain.D}")
+            F = [0] * (chain.top + 1)
+            D = [0] * (chain.top + 1)
+            for v in self._vcs:
+                for (ch, lv2), n in self._unbound[v].items():
+                    if ch == name:
+                        if n < 0:
+                            fail(f"VC {v} has {n} unbound cells at {ch}/{lv2}")
+                        D[lv2] += n * chain.leaves_at[lv2]
+            for lv2 in range(1, chain.top + 1):
+                for c in chain.free[lv2]:
+                    if c.state != FREE or c.level != lv2:
+                        fail(f"{c} in free list {lv2} but {STATE_NAMES[c.state]}")
+                    F[lv2] += len(c.leaves)
+            if F != chain.F or D != chain.D:
+                fail(f"chain {name} counters F={chain.F}/{F} D={chain.D}/{D}")
+        for v in self._vcs:
+            for key, total in self._vcell_total[v].items():
+                nb = sum(1 for c in self._bound[v] if (c.chain, c.level) == key)
+                if nb + self._unbound[v][key] != total:
+                    fail(f"VC {v} {key}: {nb} bound + {self._unbound[v][key]} unbound != {total}")
+            for c in self._bound[v]:
+                if c.state != BOUND or c.vc != v:
+                    fail(f"{c} listed bound to {v} but {STATE_NAMES[c.state]} {c.vc}")
+                hold = sum(
+                    1
+                    for lf in c.leaves
+                    if lf.reserved_by is not None or (lf.group is not None and self._groups[lf.group].priority >= 0)
+                )
+                if hold != c.hold or hold == 0:
+                    fail(f"{c} hold {c.hold}, actual {hold} (a bound cell must be in use)")
+                if any(lf.vc != v for lf in c.leaves):
+                    fail(f"{c} bound to {v} has leaves of another VC")
+        owner: dict[int, str] = {}
+        for name, g in self._groups.items():
+            for leaves in g.leaves.values():
+                for lf in leaves:
+                    if id(lf) in owner:
+                        fail(f"leaf {lf.node}/{lf.index} used by {owner[id(lf)]} and {name}")
+                    owner[id(lf)] = name
+                    if lf.group != name:
+                        fail(f"leaf {lf.node}/{lf.index} of {name} records {lf.group}")
+                    if g.priority >= 0:
+                        vc = g.request.virtual_cluster
+                        if lf.vc != vc or (lf.pinned_cell_id is None and (lf.bound_root() or lf).vc != vc):
+                            fail(f"guaranteed {name} of VC {vc} uses leaf {lf.node}/{lf.index} outside its cells")
+                    elif lf.pinned_cell_id is not None:
+                        fail(f"opportunistic {name} uses pinned leaf {lf.node}/{lf.index}")
+        for node in self.topo.nodes.values():
+            for lf in node.leaves:
+                if lf.group is not None and owner.get(id(lf)) != lf.group:
+                    fail(f"leaf {node.address}/{lf.index} records unknown user {lf.group}")
+                if lf.reserved_by is not None and (
+                    lf.reserved_by not in self._reservations
+                    or all(x is not lf for x in self._reservations[lf.reserved_by].leaves)
+                ):
+                    fail(f"leaf {node.address}/{lf.index} reserved by {lf.reserved_by} without a reservation")
+            for seg in node.segs.values():
+                free = sum(1 for lf in seg.leaves if lf.group is None and lf.reserved_by is None)
+                if free != seg.free:
+                    fail(f"segment {seg} free {seg.free}, actual {free}")
+                for lf in seg.leaves:
+                    if lf.segment is not seg and lf.all_segment is not seg:
+                        fail(f"leaf {node.address}/{lf.index} listed in {seg}")
+        for key, idx in self._index.items():
+            total = sum(s.free for s in self._pool_segs[key] if s.node.bad == 0)
+            if total != idx.total:
+                fail(f"index {key} total {idx.total}, actual {total}")
+
+    # ------------------------------------------------------------------ reconfiguration
+    def reconfigure(self, new_config: ClusterConfig) -> dict[str, str]:
+        """Apply a changed cluster config with groups running (HiveD reconfiguration).
+
+        Groups whose cells still exist and whose VC still has quota for them keep their placements
+        (replayed with :meth:`allocate`, guaranteed groups first); returns {group: explanation} for
+        each group that no longer fits (dropped here; the caller stops or retries it).
+        Reservations are dropped (preemptors schedule again); node health is kept for nodes that
+        still exist.  Raises ValidationError (state unchanged) when ``new_config`` itself is illegal.
+        """
+        new = HivedScheduler(new_config, lazy_preemption=self.lazy_preemption)
+        for n in sorted(self._unhealthy):
+            if n in new.topo.nodes:
+                new.set_node_health(n, False)
+        dropped: dict[str, str] = {}
+        order = sorted(self._groups.items(), key=lambda kv: (kv[1].priority < 0, -kv[1].priority))
+        for name, g in order:
+            req = g.request
+            if req.virtual_cluster not in new._unbound:
+                dropped[name] = f"VC {req.virtual_cluster} no longer exists"
+                continue
+            if g.priority < 0 <= req.priority:  # downgraded by lazy preemption: replay as opportunistic
+                new._groups[name] = _Group(req, priority=-1)
+                new._groups_prio[req.virtual_cluster][-1][name] = None
+            plan: list[Cell] = []  # the same virtual-cell levels as before, where the cells still exist
+            for lf in (x for lv in g.leaves.values() for x in lv):
+                root = lf.bound_root()
+                node = new.topo.nodes.get(lf.node.address)  # type: ignore[union-attr]
+                if root is None or node is None or root.state != BOUND:
+                    continue
+                nl = next((x for x in node.leaves if x.index == lf.index), None)
+                a = new._ancestor_at(nl, root.level) if nl is not None else None
+                if a is not None and a.cell_type == root.cell_type and a not in plan:
+                    plan.append(a)
+            try:
+                new._allocate(name, req, list(g.placements.values()), plan)
+            except PlatformError as e:
+                dropped[name] = f"no longer fits: {e.message}"
+                new._groups.pop(name, None)
+                new._groups_prio[req.virtual_cluster][-1].pop(name, None)
+                continue
+        self.__dict__.update(new.__dict__)
+        return dropped

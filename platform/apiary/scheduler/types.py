@@ -53,6 +53,9 @@ class GroupRequest:
     ``priority``: crit 120, prod 100, test 10 (guaranteed, 0..1000); -1 = opportunistic.
     ``gang``: True places all pending instances at once or none; False places incrementally.
     ``pending``: the ``(task_role, index)`` pairs still to place; None = all instances.
+    ``lazy_preemption``: when this group is preempted, downgrade it to opportunistic first and kill it
+    only if its cells are really needed (HiveD ``lazyPreemptionEnable``); None = the scheduler's
+    default.
     """
 
     name: str
@@ -61,6 +64,7 @@ class GroupRequest:
     gang: bool
     tasks: tuple[TaskRequest, ...]
     pending: tuple[tuple[str, int], ...] | None = None
+    lazy_preemption: bool | None = None
 
     @property
     def opportunistic(self) -> bool:
@@ -97,13 +101,15 @@ class Decision:
     ``place``: ``placements`` are the instances to place now (all pending for gang, >= 1 for
     incremental); the caller commits them with ``allocate``.  ``preempt``: stop ``victims``; their
     cells are reserved for this group.  ``wait``: nothing now.  ``reason`` is always a sentence;
-    for wait/preempt it is the job's waiting reason.
+    for wait/preempt it is the job's waiting reason.  ``downgraded`` (lazy preemption only): groups
+    that run on as opportunistic from now on (not stopped); ``victims`` are always "stop these now".
     """
 
     kind: Literal["place", "preempt", "wait"]
     placements: tuple[TaskPlacement, ...] = ()
     victims: tuple[str, ...] = ()
     reason: str = ""
+    downgraded: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
