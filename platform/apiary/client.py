@@ -77,8 +77,12 @@ class ApiaryClient:
             params["jobId"] = job_id
         return self._call("GET", "/api/v2/events", params=params).json()["events"]
 
-    def cluster_status(self) -> dict:
-        return self._call("GET", "/api/v2/cluster/status").json()
+    def cluster_status(self, vc: str | None = None) -> dict:
+        return self._call("GET", "/api/v2/cluster/status", params={"vc": vc} if vc else None).json()
+
+    def apply_cluster_config(self, text: str) -> dict:
+        return self._call("PUT", "/api/v2/cluster/config", content=text.encode(),
+                          headers={"Content-Type": "text/yaml"}).json()
 
     def wait(self, job_id: str, timeout: float | None = None, poll_s: float = 0.5,
              states: tuple[str, ...] = ("SUCCEEDED", "FAILED", "STOPPED")) -> dict:

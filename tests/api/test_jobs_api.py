@@ -338,3 +338,18 @@ def test_all_bad_inputs_in_a_row_leave_the_api_serving(client: TestClient) -> No
     assert client.get("/api/v2/events").json() == {"events": []}
     assert submit(client, job_text(5)).status_code == 202
     assert client.post("/api/v2/scheduler/cycle").status_code == 200
+
+
+def test_cluster_status_per_vc_and_config_apply(client: TestClient) -> None:
+    full = client.get("/api/v2/cluster/status").json()
+    assert set(full["virtualClusters"]) == {"default"}
+    one = client.get("/api/v2/cluster/status", params={"vc": "default"}).json()
+    assert one["virtualClusters"]["default"]["quota"] == 2
+    r = client.get("/api/v2/cluster/status", params={"vc": "nope"})
+    assert r.status_code == 404 and "nope" in r.json()["message"]
+    bad = client.put("/api/v2/cluster/config", content=b"physicalCluster: [", headers={"Content-Type": "text/yaml"})
+    assert bad.status_code == 400
+    two = (LAB6 / "hived-config-two-vcs.yaml").read_bytes()
+    r = client.put("/api/v2/cluster/config", content=two, headers={"Content-Type": "text/yaml"})
+    assert r.status_code == 200 and r.json() == {"kept": [], "stopped": {}}
+    assert set(client.get("/api/v2/cluster/status").json()["virtualClusters"]) == {"default", "vc1"}

@@ -972,3 +972,21 @@ def test_cordoned_node_gets_no_new_placements_and_keeps_its_running_task(h1: Har
     h1.exit(first, 0)
     h1.cycle()
     assert {t["node"] for t in h1.job(second)["tasks"]} == {"hostname-carol", "hostname-dan"}
+
+
+def test_reconfigure_keeps_jobs_that_still_fit_and_retries_the_rest(h: Harness) -> None:
+    keep = h.submit(5, user="alice")  # prod in VC default (hostname-carol)
+    drop = h.submit(0, user="bob")  # prod in VC vc1 (hostname-dan)
+    h.cycle()
+    run_keep = h.start(keep)
+    h.start(drop)
+    result = h.plane.reconfigure((LAB6 / "hived-config-one-vc.yaml").read_text())  # vc1 is gone
+    assert result["kept"] == [keep]
+    assert list(result["stopped"]) == [drop] and "vc1" in result["stopped"][drop]
+    assert h.task(keep)["state"] == "RUNNING" and h.find(keep)["runId"] == run_keep  # untouched
+    h.exit(drop, 143, stopped=True)
+    job = h.job(drop)
+    assert job["state"] == "WAITING" and job["retryDetails"] == {"user": 0, "platform": 1}
+    assert "Cluster config changed" in job["waitingReason"]
+    h.cycle()  # its VC no longer exists: it keeps waiting, and says why
+    assert h.job(drop)["state"] == "WAITING" and "vc1" in h.job(drop)["waitingReason"]

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, Field
 
 from apiary.control import ControlPlane
-from apiary.errors import ApiaryError, ValidationError
+from apiary.errors import ApiaryError, NotFoundError, ValidationError
 from apiary.ops.alerts import ActionsConfig, AlertmanagerPayload, AlertReceiver
 from apiary.settings import Settings
 
@@ -160,8 +160,17 @@ def create_app(plane: ControlPlane, receiver: AlertReceiver | None = None) -> Fa
         return plane.cycle().to_dict()
 
     @app.get("/api/v2/cluster/status")
-    def cluster_status() -> dict:
-        return plane.scheduler.status()
+    def cluster_status(vc: str | None = None) -> dict:
+        """The scheduler's view: VCs (quota / used / free / opportunistic / bad cells per level),
+        nodes, groups' placements, reservations; ``vc`` narrows it to one virtual cluster."""
+        if vc is not None and vc not in plane.cluster.virtual_clusters:
+            raise NotFoundError(f"Virtual cluster {vc} not found.")
+        return plane.scheduler.status(vc)
+
+    @app.put("/api/v2/cluster/config")
+    async def cluster_config(request: Request) -> dict:
+        """Apply a changed HiveD config (YAML body) with jobs running; see ControlPlane.reconfigure."""
+        return await run_in_threadpool(plane.reconfigure, await request.body())
 
     @app.get("/api/v2/nodes")
     def nodes() -> list[dict]:

@@ -309,12 +309,34 @@ def node_uncordon(node: str) -> None:
 
 
 @cluster_app.command("status")
-def cluster_status(as_json: bool = typer.Option(True, "--json/--table")) -> None:
-    """Scheduler view of the cluster: virtual clusters, nodes, reservations."""
+def cluster_status(
+    vc: str | None = typer.Option(None, "--vc", help="Only this virtual cluster."),
+    as_json: bool = typer.Option(True, "--json/--table"),
+) -> None:
+    """Scheduler view: virtual clusters (quota, used, free, opportunistic, bad cells), nodes, reservations."""
     try:
-        print(json.dumps(_client().cluster_status(), indent=2))
+        status = _client().cluster_status(vc)
     except ApiaryError as e:
         _fail(e)
+    if as_json:
+        print(json.dumps(status, indent=2))
+        return
+    t = Table("virtual cluster", "quota", "used", "free", "opportunistic", "bad", "doomed")
+    for name, v in status["virtualClusters"].items():
+        t.add_row(name, *(str(v.get(k, "")) for k in ("quota", "used", "free", "opportunisticUsed", "badCells",
+                                                       "doomedBadCells")))
+    console.print(t)
+
+
+@cluster_app.command("apply")
+def cluster_apply(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="HiveD config YAML.")) -> None:
+    """Apply a changed cluster config with jobs running: jobs that still fit keep running, the rest
+    are retried (each with the reason)."""
+    try:
+        result = _client().apply_cluster_config(file.read_text())
+    except ApiaryError as e:
+        _fail(e)
+    print(json.dumps(result, indent=2))
 
 
 # ---------------------------------------------------------------------- demo

@@ -30,7 +30,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from apiary.errors import ConflictError, NotFoundError, ValidationError
+from apiary.errors import ConflictError, NotFoundError, UserError, ValidationError
 from apiary.lifecycle import (
     EXIT_NODE_LOST,
     EXIT_PREEMPTED,
@@ -48,7 +48,7 @@ from apiary.lifecycle import (
 )
 from apiary.runtime.env import build_task_env
 from apiary.scheduler import GroupRequest, HivedScheduler, TaskPlacement, TaskRequest
-from apiary.spec.cluster import ClusterConfig
+from apiary.spec.cluster import ClusterConfig, load_cluster_config
 from apiary.spec.job import JobSpec, parse_job
 from apiary.store.models import Attempt, Event, Job, Node, Placement, Task
 
@@ -107,10 +107,12 @@ class ControlPlane:
         *,
         clock: Callable[[], float] = time.time,
         node_lost_after_s: float = 30.0,
+        config_path: Path | None = None,
     ) -> None:
         self._sessions = sessions
         self.cluster = cluster
         self.scheduler = HivedScheduler(cluster)
+        self.config_path = config_path  # where an applied config is saved (``home/cluster.yaml``)
         self.logs_dir = Path(logs_dir)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self._clock = clock
@@ -342,6 +344,43 @@ class ControlPlane:
                 s.commit()
             return self._job_json(s, job)
 
+    def reconfigure(self, source: str | bytes) -> dict:
+        """Apply a changed HiveD cluster config with jobs running (HiveD's reconfiguration).
+
+        Jobs whose cells still exist and whose VC still has quota keep running untouched; every
+        other job's attempt is stopped and retried as a platform retry, with the scheduler's
+        explanation as its reason. Returns ``{"kept": [job], "stopped": {job: reason}}``.
+        Raises ValidationError (nothing changes) for an illegal config.
+        """
+        config = load_cluster_config(source)
+        text = source.decode() if isinstance(source, bytes) else source
+        with self._lock, self._sessions() as s:
+            dropped = self.scheduler.reconfigure(config)
+            self.cluster = config
+            stopped: dict[str, str] = {}
+            for job_id, why in sorted(dropped.items()):
+                job = s.get(Job, job_id)
+                if job is None or JobState(job.state).is_final:
+                    continue
+                attempt = s.get(Attempt, (job.id, job.attempt))
+                if attempt.outcome is None:
+                    attempt.outcome = "RECONFIGURED"
+                    attempt.exit_code = EXIT_PREEMPTED
+                    attempt.reason = f"Cluster config changed: {why}."
+                    self._event(s, job.id, "job.preempted", attempt=job.attempt, by="cluster-config",
+                                reason=attempt.reason)
+                self._stop_attempt(s, job, "reconfigured")
+                self._maybe_finish_attempt(s, job)
+                stopped[job_id] = why
+            kept = sorted(set(self.scheduler.status()["groups"]) - set(stopped))
+            s.commit()
+            if self.config_path is not None:
+                self.config_path.write_text(text)  # a restart comes back with the applied config
+            logger.info("cluster config applied kept=%d stopped=%d", len(kept), len(stopped))
+        self._flush_notifications()
+        self.wake.set()
+        return {"kept": kept, "stopped": stopped}
+
     def set_flow_run(self, job_id: str, flow_run_id: str) -> None:
         with self._lock, self._sessions() as s:
             job = self._get_job(s, job_id)
@@ -460,8 +499,16 @@ class ControlPlane:
                     continue  # the attempt is ending; its retry will be scheduled afresh
                 spec = self._spec(job)
                 pending = [(t.task_role, t.index) for t in pending_tasks]
-                # 3. Nominate: ask the pure scheduler for this group.
-                decision = self.scheduler.schedule(self._request(job.id, spec, pending))
+                # 3. Nominate: ask the pure scheduler for this group. A job the current config
+                # cannot take any more (its VC was removed) waits with the reason; it never stops
+                # the cycle for the others.
+                try:
+                    decision = self.scheduler.schedule(self._request(job.id, spec, pending))
+                except UserError as e:
+                    why = f"Cannot be scheduled with the current cluster config: {e.message}"
+                    self._set_waiting_reason(s, job, why)
+                    result.waiting[job.id] = job.waiting_reason
+                    continue
                 # 4. Admit: commit its decision.
                 if decision.kind == "place" and decision.placements:
                     self._place(s, job, spec, pending_tasks, decision.placements)
@@ -762,7 +809,7 @@ class ControlPlane:
             return self._complete(s, job, JobState.SUCCEEDED, 0)
         if outcome == "STOPPED":
             return self._complete(s, job, JobState.STOPPED, EXIT_STOPPED)
-        platform = outcome in ("PREEMPTED", "NODE_LOST")
+        platform = outcome in ("PREEMPTED", "NODE_LOST", "RECONFIGURED")
         decision = decide_retry(
             code if code is not None else 1,
             user_retries=job.retries_user,

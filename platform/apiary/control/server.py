@@ -24,7 +24,8 @@ def build_plane(settings: Settings) -> ControlPlane:
     migrate(engine)
     cluster = load_cluster_config(settings.cluster_path)
     return ControlPlane(
-        session_factory(engine), cluster, settings.logs_dir, node_lost_after_s=settings.node_lost_after_s
+        session_factory(engine), cluster, settings.logs_dir, node_lost_after_s=settings.node_lost_after_s,
+        config_path=settings.cluster_path,
     )
 
 
