@@ -28,6 +28,10 @@ class Settings(BaseSettings):
     alert_actions: Path | None = Field(
         default=None, description="Alert actions config (YAML); default the packaged default-actions.yaml."
     )
+    lazy_preemption: bool = Field(
+        default=False,
+        description="HiveD lazy preemption: downgrade victims to opportunistic, stop them only if needed.",
+    )
     tick_s: float = Field(default=1.0, description="Scheduling-loop period when nothing wakes it earlier, seconds.")
 
     @property

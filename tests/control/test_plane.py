@@ -990,3 +990,37 @@ def test_reconfigure_keeps_jobs_that_still_fit_and_retries_the_rest(h: Harness) 
     assert "Cluster config changed" in job["waitingReason"]
     h.cycle()  # its VC no longer exists: it keeps waiting, and says why
     assert h.job(drop)["state"] == "WAITING" and "vc1" in h.job(drop)["waitingReason"]
+
+
+LAZY_CONFIG = """
+physicalCluster:
+  skuTypes: {GPU: {gpu: 1, cpu: 2, memory: 4096Mi}}
+  cellTypes:
+    NODE: {childCellType: GPU, childCellNumber: 1, isNodeLevel: true}
+    POOL: {childCellType: NODE, childCellNumber: 2}
+  physicalCells:
+  - cellType: POOL
+    cellChildren: [{cellAddress: node-x}, {cellAddress: node-y}]
+virtualClusters:
+  a: {virtualCells: [{cellType: POOL.NODE, cellNumber: 1}]}
+"""
+
+
+def test_lazy_preemption_downgrades_the_victim_instead_of_stopping_it(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path}/a.db")
+    migrate(engine)
+    plane = ControlPlane(session_factory(engine), load_cluster_config(LAZY_CONFIG), tmp_path / "logs",
+                         lazy_preemption=True)
+    for node in ("node-x", "node-y"):
+        plane.node_report(node, gpus=1, simulated_gpus=True, address="127.0.0.1", agent_id="t", runs=[])
+    low = plane.submit(job_text(1, **{"defaults.virtualCluster": "a"}), "alice")["id"]
+    plane.cycle()
+    low_node = plane.get_job(low)["tasks"][0]["node"]
+    high = plane.submit(job_text(2, **{"defaults.virtualCluster": "a"}), "bob")["id"]
+    result = plane.cycle()
+    # VC a's one cell rebinds to the idle node: the prod job runs there, the test job keeps its node
+    # as an opportunistic job instead of being stopped.
+    assert result.preempted == [] and high in result.placed
+    assert plane.get_job(high)["tasks"][0]["node"] != low_node
+    assert all(a["desired"] == "RUN" for a in plane.assignments(low_node))
+    assert [e["type"] for e in plane.events(job_id=low)][-1] == "job.downgraded"

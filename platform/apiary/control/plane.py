@@ -108,10 +108,13 @@ class ControlPlane:
         clock: Callable[[], float] = time.time,
         node_lost_after_s: float = 30.0,
         config_path: Path | None = None,
+        lazy_preemption: bool = False,
     ) -> None:
         self._sessions = sessions
         self.cluster = cluster
-        self.scheduler = HivedScheduler(cluster)
+        # Lazy preemption (HiveD): a victim is first downgraded to opportunistic and only
+        # stopped if a preemptor really needs its cells.
+        self.scheduler = HivedScheduler(cluster, lazy_preemption=lazy_preemption)
         self.config_path = config_path  # where an applied config is saved (``home/cluster.yaml``)
         self.logs_dir = Path(logs_dir)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
@@ -510,6 +513,9 @@ class ControlPlane:
                     result.waiting[job.id] = job.waiting_reason
                     continue
                 # 4. Admit: commit its decision.
+                for victim in decision.downgraded:
+                    self._event(s, victim, "job.downgraded", by=job.id,
+                                reason=f"Downgraded to opportunistic by {job.id} (lazy preemption).")
                 if decision.kind == "place" and decision.placements:
                     self._place(s, job, spec, pending_tasks, decision.placements)
                     result.placed.append(job.id)

@@ -25,7 +25,7 @@ def build_plane(settings: Settings) -> ControlPlane:
     cluster = load_cluster_config(settings.cluster_path)
     return ControlPlane(
         session_factory(engine), cluster, settings.logs_dir, node_lost_after_s=settings.node_lost_after_s,
-        config_path=settings.cluster_path,
+        config_path=settings.cluster_path, lazy_preemption=settings.lazy_preemption,
     )
 
 
