@@ -488,24 +488,47 @@ class HivedScheduler:
             out.append(c)
         return out
 
-    def _bind_some(self, vc: str, sku: str, need: int, max_item: int, hint: Cell | None) -> Cell | None:
-        """Bind one more virtual cell of ``vc`` for ``need`` leaves of ``sku``; the bound cell or None."""
-        options: list[tuple[Chain, int]] = []
+    def _bind_some(self, vc: str, sku: str, need: int, min_item: int, max_item: int, hint: Cell | None) -> Cell | None:
+        """Bind one more virtual cell of ``vc`` for ``need`` leaves of ``sku`` (items of ``min_item`` to
+        ``max_item`` leaves, each on one node); the bound cell or None.
+
+        A VC may own virtual cells of several chains with the same sku (e.g. a pool of 8-GPU nodes and a
+        pool of 2-GPU nodes).  Only chains whose nodes can hold an item are useful, and chains whose nodes
+        hold the largest item come first: binding small-node cells for big items would spend the search's
+        bindings on cells no item can use and make a gang that fits wait."""
+        big: list[tuple[Chain, int]] = []
+        small: list[tuple[Chain, int]] = []
         for (chain_name, lv), n in self._unbound[vc].items():
-            if n > 0 and self.topo.chain_sku[chain_name] == sku:
-                options.append((self.topo.chains[chain_name], lv))
-        if not options:
-            return None
-        whole = [o for o in options if o[0].leaves_at[o[1]] >= need]
-        if whole:
-            options = sorted(whole, key=lambda o: (o[1], o[0].name))
-        else:
-            options = sorted(options, key=lambda o: (-o[1], o[0].name))
-        for chain, lv in options:
-            for c in self._bind_candidates(chain, lv, hint):
-                if self._bind(c, vc):
-                    return c
+            if n <= 0 or self.topo.chain_sku[chain_name] != sku:
+                continue
+            per_node = self._node_leaves(chain_name)
+            if per_node < min_item:
+                continue
+            (big if per_node >= max_item else small).append((self.topo.chains[chain_name], lv))
+        for options in (big, small):
+            if not options:
+                continue
+            whole = [o for o in options if o[0].leaves_at[o[1]] >= need]
+            if whole:
+                options = sorted(whole, key=lambda o: (o[1], o[0].name))
+            else:
+                options = sorted(options, key=lambda o: (-o[1], o[0].name))
+            for chain, lv in options:
+                for c in self._bind_candidates(chain, lv, hint):
+                    if self._bind(c, vc):
+                        return c
         return None
+
+    def _bind_budget(self, vc: str, sku: str, items: Sequence[_Item]) -> int:
+        """How many virtual cells a fit of ``items`` may bind: each item on cells of the smallest unit
+        (virtual cell or node, whichever is smaller) of ``vc``'s chains of ``sku``, plus slack."""
+        units = [
+            min(self.topo.chains[ch].leaves_at[lv], self._node_leaves(ch))
+            for (ch, lv), n in self._unbound[vc].items()
+            if n > 0 and self.topo.chain_sku[ch] == sku
+        ]
+        unit = max(min(units, default=1), 1)
+        return sum(-(-it[2] // unit) for it in items) + 4
 
     # ------------------------------------------------------------------ request helpers
     def _leaf_need(self, task: TaskRequest, sku: str) -> int:
@@ -696,10 +719,11 @@ class HivedScheduler:
             return None
         hint: Cell | None = None
         max_item = max(it[2] for it in items)
-        for _ in range(len(items) + 4):
+        min_item = min(it[2] for it in items)
+        for _ in range(self._bind_budget(vc, sku, items)):  # type: ignore[arg-type]
             idx = self._index.get(key)
             have = idx.total if idx is not None else 0
-            c = self._bind_some(vc, sku, max(need - have, max_item), max_item, hint)  # type: ignore[arg-type]
+            c = self._bind_some(vc, sku, max(need - have, max_item), min_item, max_item, hint)  # type: ignore[arg-type]
             if c is None:
                 break
             tent.append(c)
