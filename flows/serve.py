@@ -1,6 +1,7 @@
 """Serve the Apiary flows as Prefect deployments: ``python flows/serve.py``.
 
 * ``apiary-job/submit``: run form = the job spec; submits to Apiary and waits;
+* ``what-if-replay/whatif``: a trace replay from the UI (see flows/whatif.py);
 * ``scheduling-loop/loop``: every 60 s, 10 scheduler cycles 1 s apart (the control plane runs its
   own loop as well; this one records decisions and keeps a flow-run subprocess alive 10 s a minute,
   not all the time).
@@ -22,10 +23,11 @@ from prefect import serve  # noqa: E402
 
 from job import apiary_job  # noqa: E402
 from scheduling import scheduling_loop  # noqa: E402
+from whatif import what_if_replay  # noqa: E402
 
 
 def deployments(api_url: str | None = None) -> list:
-    """The two deployments (``submit``, ``loop``); ``api_url`` defaults to ``APIARY_API_URL``."""
+    """The deployments (``submit``, ``loop``, ``whatif``); ``api_url`` defaults to ``APIARY_API_URL``."""
     api_url = api_url or os.environ.get("APIARY_API_URL")
     submit = apiary_job.to_deployment(
         name="submit",
@@ -40,7 +42,12 @@ def deployments(api_url: str | None = None) -> list:
         description="Drive Apiary's scheduler and record its decisions.",
         tags=["apiary"],
     )
-    return [submit, loop]
+    whatif = what_if_replay.to_deployment(
+        name="whatif",
+        description="Replay a job trace on a cluster under hived, quota and fifo; summary table and plots.",
+        tags=["apiary", "simulator"],
+    )
+    return [submit, loop, whatif]
 
 
 def main() -> None:

@@ -161,3 +161,30 @@ def _try(fn):
     except Exception:
         time.sleep(0.5)
         return None
+
+
+def test_what_if_replay_from_its_deployment(platform, tmp_path):
+    trace = tmp_path / "trace.csv"
+    # Generic trace format (apiary.sim): a few jobs on Lab 6's one-VC cluster.
+    trace.write_text("submit_s,duration_s,gpus,vc\n0,100,1,default\n10,50,2,default\n20,30,1,default\n")
+    params = {"trace": str(trace), "cluster": str(LAB6 / "hived-config-one-vc.yaml"), "policies": ["hived", "quota"],
+              "out_dir": str(tmp_path / "out")}
+
+    async def create(client):
+        deployment = await client.read_deployment_by_name("what-if-replay/whatif")
+        return await client.create_flow_run_from_deployment(deployment.id, parameters=params)
+
+    run = until(lambda: _try(lambda: prefect(create)), 60, "the what-if-replay/whatif deployment")
+    final = until(lambda: (r := prefect(lambda cl: cl.read_flow_run(run.id))).state.is_final() and r, 180,
+                  "the what-if flow run to finish")
+    assert final.state_name == "Completed", final.state.message
+
+    async def artifacts(client):
+        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+        return await client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(
+            any_=[run.id])))
+
+    found = {a.key: a for a in prefect(artifacts)}
+    assert found["what-if-summary"].type == "table"
+    assert any(k.startswith("what-if-plot") and "data:image/png;base64," in a.data for k, a in found.items())

@@ -200,8 +200,9 @@ def test_serve_builds_both_deployments(monkeypatch):
     spec = importlib.util.spec_from_file_location("apiary_flows_serve", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    submit, loop = mod.deployments()
+    submit, loop, whatif = mod.deployments()
     assert (submit.name, submit.flow_name) == ("submit", "apiary-job")
     assert (loop.name, loop.flow_name) == ("loop", "scheduling-loop")
+    assert (whatif.name, whatif.flow_name) == ("whatif", "what-if-replay")
     assert submit.parameters == {"api_url": "http://127.0.0.1:1"}
     assert loop.schedules[0].schedule.interval.total_seconds() == 60
