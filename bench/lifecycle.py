@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
 import psutil
 
 from apiary.client import ApiaryClient
@@ -103,14 +104,10 @@ def parse_iso(ts: str) -> float:
 
 
 def percentile(values: list[float], p: float) -> float:
-    """Linear-interpolation percentile (numpy's default), ``p`` in [0, 100]."""
-    xs = sorted(values)
-    if not xs:
+    """Linear-interpolation percentile (numpy's default), ``p`` in [0, 100]; ValueError when empty."""
+    if not values:
         raise ValueError("no samples")
-    k = (len(xs) - 1) * p / 100.0
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+    return float(np.percentile(values, p))
 
 
 # ---------------------------------------------------------------------- platform
