@@ -142,10 +142,15 @@ class Embedded:
         self.children["control-plane"].start()
         self.wait_api()
         (run / "api_url").write_text(self.api_url)
+        # Every node agent serves /metrics on a port fixed here, so a restarted agent keeps its
+        # Prometheus target.
+        nodes = [n["name"] for n in httpx.get(f"{self.api_url}/api/v2/nodes", timeout=30).json()]
+        self.metrics_ports = {n: free_port() for n in nodes}
         self.children["agent"] = Child(
             "agent",
             self._cli("agent", "--api", self.api_url, "--all-nodes", "--simulated-gpus",
-                      "--state-dir", str(self.home / "agents"), "--workdir", self.workdir or os.getcwd()),
+                      "--state-dir", str(self.home / "agents"), "--workdir", self.workdir or os.getcwd(),
+                      "--metrics-ports", json.dumps(self.metrics_ports)),
             base, logs / "agent.log",
         )
         self.children["agent"].start()

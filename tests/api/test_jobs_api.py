@@ -220,7 +220,7 @@ def test_assignments_long_poll_answers_at_once_when_the_generation_moved(client:
     report(client, "hostname-carol")
     r = client.get("/api/v2/nodes/hostname-carol/assignments", params={"generation": -1, "wait": 5})
     assert r.status_code == 200
-    assert r.json() == {"generation": 0, "assignments": []}
+    assert r.json() == {"generation": 0, "assignments": [], "faults": []}
     r = client.get("/api/v2/nodes/hostname-carol/assignments", params={"generation": 0, "wait": 61})
     assert r.status_code == 400
     assert "wait" in r.json()["message"]
@@ -353,3 +353,16 @@ def test_cluster_status_per_vc_and_config_apply(client: TestClient) -> None:
     r = client.put("/api/v2/cluster/config", content=two, headers={"Content-Type": "text/yaml"})
     assert r.status_code == 200 and r.json() == {"kept": [], "stopped": {}}
     assert set(client.get("/api/v2/cluster/status").json()["virtualClusters"]) == {"default", "vc1"}
+
+
+def test_platform_metrics_and_fault_queue(client: TestClient) -> None:
+    submit(client, (LAB6 / "job-config-5.yaml").read_text())
+    text = client.get("/metrics").text
+    assert 'apiary_jobs{state="WAITING",virtual_cluster="default"} 1.0' in text
+    assert "apiary_job_waiting_seconds{" in text and "apiary_vc_cells{" in text
+    r = client.post("/api/v2/nodes/hostname-dan/faults", json={"gpu": 0, "eccDbe": 1})
+    assert r.status_code == 200 and r.json()["ecc_dbe"] == 1
+    assert client.get("/api/v2/nodes/hostname-dan/assignments").json()["faults"][0]["ecc_dbe"] == 1
+    assert client.post("/api/v2/nodes/hostname-dan/faults", json={"gpu": 3, "eccDbe": 1}).status_code == 400
+    assert client.post("/api/v2/nodes/hostname-dan/faults", json={"gpu": 0}).status_code == 400
+    assert client.post("/api/v2/nodes/nope/faults", json={"gpu": 0, "clear": True}).status_code == 404

@@ -19,10 +19,12 @@ from fastapi import FastAPI, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, Field
 
 from apiary.control import ControlPlane
 from apiary.errors import ApiaryError, NotFoundError, ValidationError
+from apiary.monitoring.platform_metrics import PlatformCollector
 from apiary.ops.alerts import ActionsConfig, AlertmanagerPayload, AlertReceiver
 from apiary.settings import Settings
 
@@ -52,7 +54,19 @@ class RunStatus(BaseModel):
     stopped: bool = False
 
 
+class FaultRequest(BaseModel):
+    """A simulated-GPU fault, like DCGM's error injection (dcgmi test --inject)."""
+
+    gpu: int
+    eccDbe: int | None = Field(default=None, description="Add N double-bit ECC errors.")
+    eccSbe: int | None = Field(default=None, description="Add N single-bit ECC errors.")
+    xid: int | None = Field(default=None, description="Raise XID error CODE.")
+    temp: float | None = Field(default=None, description="Force the temperature, Celsius.")
+    clear: bool = Field(default=False, description="Reset the GPU's faults.")
+
+
 class NodeReport(BaseModel):
+    metricsUrl: str | None = None
     agentId: str
     gpus: int = 0
     simulatedGpus: bool = False
@@ -98,6 +112,14 @@ def create_app(plane: ControlPlane, receiver: AlertReceiver | None = None) -> Fa
         field = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
         err = ValidationError(field, first.get("msg", "invalid request"))
         return JSONResponse(err.to_dict(), status_code=400)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PlatformCollector(plane.metrics_snapshot))
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        """Prometheus exposition of the platform metrics (apiary_jobs, queue, VC cells, ...)."""
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz")
     def healthz() -> dict:
@@ -202,7 +224,18 @@ def create_app(plane: ControlPlane, receiver: AlertReceiver | None = None) -> Fa
             address=report.address,
             agent_id=report.agentId,
             runs=[r.model_dump() for r in report.runs],
+            metrics_url=report.metricsUrl,
         )
+
+    @app.post("/api/v2/nodes/{node}/faults")
+    def node_fault(node: str, body: FaultRequest) -> dict:
+        """Queue a fault for the node's simulated GPUs; its agent applies it on its next long poll."""
+        if body.clear:
+            return plane.inject_fault(node, body.gpu, clear=True)
+        kinds = {"ecc_dbe": body.eccDbe, "ecc_sbe": body.eccSbe, "xid": body.xid, "temp": body.temp}
+        if not any(v is not None for v in kinds.values()):
+            raise ValidationError("eccDbe", "give one of eccDbe, eccSbe, xid, temp or clear")
+        return plane.inject_fault(node, body.gpu, **kinds)
 
     @app.get("/api/v2/nodes/{node}/assignments")
     async def assignments(node: str, generation: int | None = None, wait: float = Query(default=0, le=60)) -> dict:
@@ -217,7 +250,7 @@ def create_app(plane: ControlPlane, receiver: AlertReceiver | None = None) -> Fa
                 pass
         gen = plane.generation.get(node, 0)
         items = await run_in_threadpool(plane.assignments, node)
-        return {"generation": gen, "assignments": items}
+        return {"generation": gen, "assignments": items, "faults": plane.faults.get(node, [])}
 
     @app.post("/api/v2/nodes/{node}/logs")
     async def node_logs(node: str, request: Request, runId: str, stream: str, offset: int) -> dict:

@@ -121,6 +121,9 @@ def agent(
     simulated_gpus: bool = typer.Option(False, "--simulated-gpus", help="Advertise the config's GPUs (no driver)."),
     state_dir: Path = typer.Option(Path("~/.apiary/agents")),
     workdir: str | None = typer.Option(None, help="Working directory of tasks (process backend)."),
+    metrics_ports: str | None = typer.Option(
+        None, help='Serve each node\'s /metrics: JSON {"node": port} (0 = any free port), or "auto".'
+    ),
 ) -> None:
     """Run node agents (started by `apiary up`). SIGTERM stops them and their tasks."""
     import httpx
@@ -144,9 +147,14 @@ def agent(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        ports = None
+        if metrics_ports == "auto":
+            ports = dict.fromkeys(nodes, 0)
+        elif metrics_ports:
+            ports = json.loads(metrics_ports)
         await run_agents(
             api, nodes, state_dir.expanduser(), simulated_gpus=simulated_gpus, workdir=workdir, stop=stop,
-            kill_tasks_on_exit=True,
+            kill_tasks_on_exit=True, metrics_ports=ports,
         )
 
     asyncio.run(main())
@@ -286,6 +294,24 @@ def node_list(as_json: bool = typer.Option(False, "--json")) -> None:
         t.add_row(n["name"], str(n["gpus"]), str(n["gpusUsed"]), sim, str(n["healthy"]), str(n["cordoned"]),
                   n["skuType"])
     console.print(t)
+
+
+@node_app.command("fault")
+def node_fault(
+    node: str,
+    gpu: int = typer.Option(..., "--gpu", help="GPU index on the node."),
+    ecc_dbe: int | None = typer.Option(None, "--ecc-dbe", help="Add N double-bit ECC errors."),
+    xid: int | None = typer.Option(None, "--xid", help="Raise XID error CODE."),
+    temp: float | None = typer.Option(None, "--temp", help="Force the temperature (Celsius)."),
+    clear: bool = typer.Option(False, "--clear", help="Clear the GPU's injected faults."),
+) -> None:
+    """Inject a fault into a node's simulated GPU, like DCGM's error injection."""
+    body = {"gpu": gpu, "eccDbe": ecc_dbe, "xid": xid, "temp": temp, "clear": clear}
+    try:
+        fault = _client()._call("POST", f"/api/v2/nodes/{node}/faults", json=body).json()
+    except ApiaryError as e:
+        _fail(e)
+    console.print(f"fault queued for {node}: {fault}")
 
 
 @node_app.command("cordon")

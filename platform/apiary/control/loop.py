@@ -10,6 +10,7 @@ import logging
 import threading
 
 from apiary.control.plane import ControlPlane
+from apiary.monitoring.platform_metrics import observe_cycle
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,8 @@ class SchedulingLoop:
             try:
                 result = self.plane.cycle()
                 self.cycles += 1
+                # apiary_scheduling_cycle_seconds and the "scheduling cycle stuck" alert's timestamp.
+                observe_cycle(result.duration_ms / 1000)
                 if result.placed or result.preempted:
                     logger.info(
                         "cycle placed=%s preempted=%s ms=%.1f", result.placed, result.preempted, result.duration_ms

@@ -124,6 +124,9 @@ class ControlPlane:
         self._heartbeats: dict[str, float] = {}
         self._node_info: dict[str, tuple] = {}  # last (gpus, simulated, address, agent id) stored per node
         self._healthy: dict[str, bool] = {}
+        self.metrics_urls: dict[str, str] = {}  # node -> its agent's /metrics URL, as last reported
+        self.faults: dict[str, list[dict]] = {}  # node -> injected simulated-GPU faults, in order
+        self._fault_seq = 0
         self._node_lost_after_s = node_lost_after_s
         self.wake = threading.Event()  # set when a cycle is worth running now
         self.on_nodes_changed: Callable[[set[str]], None] = lambda nodes: None
@@ -611,7 +614,7 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ nodes
     def node_report(self, node: str, *, gpus: int, simulated_gpus: bool, address: str, agent_id: str,
-                    runs: Iterable[dict]) -> dict:
+                    runs: Iterable[dict], metrics_url: str | None = None) -> dict:
         """Apply an agent's heartbeat and run statuses (``TaskStatus`` dicts). Idempotent.
 
         Returns ``{"ack": [run_id]}``: runs whose final status is recorded (the agent may forget them).
@@ -626,6 +629,8 @@ class ControlPlane:
         now = self._clock()
         with self._lock:
             self._heartbeats[node] = now
+            if metrics_url:
+                self.metrics_urls[node] = metrics_url
             if not runs and self._node_info.get(node) == info and self._healthy.get(node):
                 return {"ack": []}
             ack: list[str] = []
@@ -892,7 +897,12 @@ class ControlPlane:
             out = []
             for t in tasks:
                 job = s.get(Job, t.job_id)
-                out.append({"runId": t.run_id, "desired": t.desired, "launch": self._launch(s, job, t)})
+                out.append({
+                    "runId": t.run_id, "desired": t.desired, "launch": self._launch(s, job, t),
+                    # For the node's task metrics (apiary_task_*{job,user,virtual_cluster,task_role,index}).
+                    "labels": {"job": job.id, "user": job.user, "virtual_cluster": job.virtual_cluster,
+                               "task_role": t.task_role, "index": str(t.index)},
+                })
             return out
 
     def _launch(self, s: Session, job: Job, task: Task) -> dict:
@@ -958,9 +968,63 @@ class ControlPlane:
                     "skuType": info.sku_type,
                     "gpusUsed": used.get(name, 0),
                     "lastHeartbeat": _iso(self._heartbeats.get(name)),
+                    "metricsUrl": self.metrics_urls.get(name),
                 }
             )
         return out
+
+    # ------------------------------------------------------------------ metrics and faults
+    def metrics_snapshot(self) -> dict:
+        """What :class:`~apiary.monitoring.PlatformCollector` renders on a scrape: job counts per VC
+        and state, waiting jobs, preemptions per VC, VC cells, nodes, agent heartbeats. A few
+        aggregate queries; no lock (reads a consistent snapshot of committed state)."""
+        from sqlalchemy import func
+
+        with self._sessions() as s:
+            jobs: dict[str, dict[str, int]] = {
+                vc: {st.value: 0 for st in JobState} for vc in self.cluster.virtual_clusters
+            }
+            for vc, state, n in s.execute(select(Job.virtual_cluster, Job.state, func.count()).group_by(
+                    Job.virtual_cluster, Job.state)):
+                jobs.setdefault(vc, {})[state] = n
+            waiting = [
+                {"job": j, "user": u, "virtual_cluster": vc, "submitted_at": t}
+                for j, u, vc, t in s.execute(select(Job.id, Job.user, Job.virtual_cluster, Job.submission_time)
+                                             .where(Job.state == JobState.WAITING.value))
+            ]
+            preemptions: dict[str, int] = {}
+            for vc, n in s.execute(select(Job.virtual_cluster, func.count()).join(Event, Event.job_id == Job.id)
+                                   .where(Event.type == "job.preempted").group_by(Job.virtual_cluster)):
+                preemptions[vc] = n
+            nodes = [{"node": n.name, "healthy": bool(n.healthy), "cordoned": bool(n.cordoned)}
+                     for n in s.scalars(select(Node))]
+        status = self.scheduler.status()
+        vc_cells = {
+            vc: {"used": v.get("used", 0), "free": v.get("free", 0), "opportunistic": v.get("opportunisticUsed", 0),
+                 "bad": v.get("badCells", 0)}
+            for vc, v in status.get("virtualClusters", {}).items()
+        }
+        heartbeats = [{"service": "node-agent", "instance": n, "timestamp": t} for n, t in self._heartbeats.items()]
+        return {"now": self._clock(), "jobs": jobs, "waiting_jobs": waiting, "preemptions": preemptions,
+                "vc_cells": vc_cells, "nodes": nodes, "heartbeats": heartbeats}
+
+    def inject_fault(self, node: str, gpu: int, **fault) -> dict:
+        """Queue a simulated-GPU fault (DCGM error injection) or ``clear=True`` for ``node``'s agent,
+        which applies it to its simulated GPUs on its next long poll. Raises NotFoundError for an
+        unknown node, ValidationError for a GPU index the node does not have."""
+        info = self.scheduler.nodes().get(node)
+        if info is None:
+            raise NotFoundError(f"Node {node} is not in the cluster config.")
+        if not 0 <= gpu < info.gpus:
+            raise ValidationError("gpu", f"node {node} has GPUs 0..{info.gpus - 1}, not {gpu}")
+        with self._lock:
+            self._fault_seq += 1
+            item = {"id": self._fault_seq, "gpu": gpu, **{k: v for k, v in fault.items() if v is not None}}
+            self.faults.setdefault(node, []).append(item)
+            self._touch(node)
+        self._flush_notifications()
+        logger.info("fault queued node=%s %s", node, item)
+        return item
 
     # ------------------------------------------------------------------ logs
     def _log_file(self, run_id: str, stream: str) -> Path:

@@ -56,6 +56,7 @@ class NodeAgent:
         simulated_gpus: bool,
         address: str = "127.0.0.1",
         workdir: str | None = None,
+        metrics_url: str | None = None,
     ) -> None:
         self.node = node
         self.api = api_url.rstrip("/")
@@ -74,6 +75,10 @@ class NodeAgent:
         self._shipped: dict[tuple[str, str], int] = {}
         self._report_now = asyncio.Event()
         self._last_beat = 0.0
+        self.metrics_url = metrics_url
+        self.exporter = None  # a NodeExporter, set by run_agents when metrics are served
+        self._labels: dict[str, dict] = {}  # run_id -> metric labels and gpus, from the assignments
+        self._faults_applied = 0
 
     # ------------------------------------------------------------------ main loops
     async def run(self, stop: asyncio.Event) -> None:
@@ -110,10 +115,41 @@ class NodeAgent:
             backoff = 0.2
             generation = data["generation"]
             await asyncio.to_thread(self._reconcile, data["assignments"])
+            self._apply_faults(data.get("faults", []))
             self._report_now.set()
+
+    def running_tasks(self) -> list[dict]:
+        """The node's running tasks for its task metrics: labels, process group id, GPUs."""
+        return [
+            {**self._labels[st.run_id], "pid": st.pid}
+            for st in self.backend.list()
+            if st.state == "running" and st.pid and st.run_id in self._labels
+        ]
+
+    def _apply_faults(self, faults: list[dict]) -> None:
+        """Apply injected simulated-GPU faults queued by the control plane, each once, in order."""
+        for f in faults:
+            if f["id"] <= self._faults_applied:
+                continue
+            self._faults_applied = f["id"]
+            if self.exporter is None or self.exporter.simulated is None:
+                logger.warning("node=%s fault %s ignored: no simulated GPUs", self.node, f)
+                continue
+            kinds = {k: v for k, v in f.items() if k not in ("id", "gpu", "clear")}
+            try:
+                if f.get("clear"):
+                    self.exporter.clear(f["gpu"])
+                else:
+                    self.exporter.inject(f["gpu"], **kinds)
+                logger.info("node=%s fault applied %s", self.node, f)
+            except (ValueError, TypeError) as e:
+                logger.warning("node=%s fault %s rejected: %s", self.node, f, e)
 
     def _reconcile(self, assignments: list[dict]) -> None:
         wanted: dict[str, dict] = {a["runId"]: a for a in assignments}
+        for run_id, a in wanted.items():
+            if "labels" in a:
+                self._labels[run_id] = {**a["labels"], "gpus": list(a["launch"].get("gpus", []))}
         for run_id, a in wanted.items():
             if run_id in self._tombstones or run_id in self._failed:
                 continue
@@ -189,6 +225,7 @@ class NodeAgent:
             return
         body = {
             "agentId": self.agent_id,
+            "metricsUrl": self.metrics_url,
             "gpus": self.gpus,
             "simulatedGpus": self.simulated_gpus,
             "address": self.address,
@@ -211,6 +248,7 @@ class NodeAgent:
                 # The control plane has the exit: never launch this run again, drop local state.
                 self._tombstones.add(s.run_id)
                 self._failed.pop(s.run_id, None)
+                self._labels.pop(s.run_id, None)
                 self._sent.pop(s.run_id, None)
                 await asyncio.to_thread(self.backend.forget, s.run_id)
 
@@ -257,9 +295,17 @@ async def run_agents(
     workdir: str | None = None,
     stop: asyncio.Event | None = None,
     kill_tasks_on_exit: bool = False,
+    metrics_ports: dict[str, int] | None = None,
+    metrics_host: str = "127.0.0.1",
 ) -> None:
     """Run one :class:`NodeAgent` per entry of ``nodes`` (name -> GPU count) in this process,
-    each with a :class:`~apiary.runtime.process.ProcessBackend` under ``state_dir/<node>``."""
+    each with a :class:`~apiary.runtime.process.ProcessBackend` under ``state_dir/<node>``.
+
+    With ``metrics_ports`` (node -> port; 0 = any free port) every node serves its own
+    ``/metrics`` and ``/healthz`` (:class:`~apiary.monitoring.NodeExporter`: GPUs, real through
+    NVML or simulated, host and task metrics) and reports the URL to the control plane.
+    """
+    from apiary.monitoring import NodeExporter, serve_metrics
     from apiary.runtime.process import ProcessBackend
 
     stop = stop or asyncio.Event()
@@ -272,7 +318,20 @@ async def run_agents(
             )
             for name, gpus in nodes.items()
         ]
+        servers = []
+        for agent in agents:
+            if metrics_ports is None:
+                break
+            agent.exporter = NodeExporter(agent.node, agent.running_tasks, gpus=agent.gpus, simulated=simulated_gpus)
+            server, _ = serve_metrics(agent.exporter.registry, metrics_host, metrics_ports.get(agent.node, 0))
+            servers.append(server)
+            agent.metrics_url = f"http://{metrics_host}:{server.server_port}/metrics"
         logger.info("agents started nodes=%d api=%s", len(agents), api_url)
-        await asyncio.gather(*(a.run(stop) for a in agents))
-        if kill_tasks_on_exit:
-            await asyncio.gather(*(a.stop_all() for a in agents))
+        try:
+            await asyncio.gather(*(a.run(stop) for a in agents))
+            if kill_tasks_on_exit:
+                await asyncio.gather(*(a.stop_all() for a in agents))
+        finally:
+            for server in servers:
+                server.shutdown()
+                server.server_close()
