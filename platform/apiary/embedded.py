@@ -92,6 +92,12 @@ class Embedded:
     env: dict[str, str] = field(default_factory=dict)
     #: Restart a dead Prefect server. Tests turn it off for a while to prove jobs run without Prefect.
     restart_prefect: bool = True
+    #: Also run Prometheus and Alertmanager (Debian's binaries) with deploy/'s configs, if installed.
+    monitoring: bool = False
+    monitoring_interval_s: float = 15.0
+    smtp_smarthost: str = "127.0.0.1:2525"
+    prometheus_url: str | None = None
+    alertmanager_url: str | None = None
     children: dict[str, Child] = field(default_factory=dict)
     prefect_server: PrefectServer | None = None
 
@@ -154,10 +160,42 @@ class Embedded:
             base, logs / "agent.log",
         )
         self.children["agent"].start()
+        if self.monitoring:
+            self._start_monitoring(base, logs)
         if self.prefect:
             self._start_prefect(base, logs)
-        (run / "urls.json").write_text(json.dumps({"api": self.api_url, "ui": self.ui_url}))
+        (run / "urls.json").write_text(json.dumps({
+            "api": self.api_url, "ui": self.ui_url, "prometheus": self.prometheus_url,
+            "alertmanager": self.alertmanager_url,
+        }))
         (run / "supervisor.pid").write_text(str(os.getpid()))
+
+    def _start_monitoring(self, base: dict[str, str], logs: Path) -> None:
+        from apiary.monitoring import stack
+
+        binaries = stack.find_binaries()
+        if binaries is None:
+            logger.warning("monitoring: prometheus / prometheus-alertmanager not installed "
+                           "(apt-get install prometheus prometheus-alertmanager); running without them")
+            return
+        out = self.home / "monitoring"
+        prom_port, am_port = free_port(), free_port()
+        prom_cfg = stack.render_prometheus(out, control_plane=f"127.0.0.1:{self.api_port}",
+                                           alertmanager=f"127.0.0.1:{am_port}", interval_s=self.monitoring_interval_s)
+        stack.write_targets(out / "targets" / "nodes.json",
+                            {n: f"http://127.0.0.1:{p}/metrics" for n, p in self.metrics_ports.items()})
+        am_cfg = stack.render_alertmanager(out, webhook_url=f"{self.api_url}/api/v2/alerts/webhook",
+                                           smtp_smarthost=self.smtp_smarthost)
+        self.children["prometheus"] = Child(
+            "prometheus", stack.prometheus_argv(binaries.prometheus, prom_cfg, out / "prometheus-data", prom_port),
+            base, logs / "prometheus.log")
+        self.children["alertmanager"] = Child(
+            "alertmanager", stack.alertmanager_argv(binaries.alertmanager, am_cfg, out / "alertmanager-data", am_port),
+            base, logs / "alertmanager.log")
+        self.children["alertmanager"].start()
+        self.children["prometheus"].start()
+        self.prometheus_url = f"http://127.0.0.1:{prom_port}"
+        self.alertmanager_url = f"http://127.0.0.1:{am_port}"
 
     def _start_prefect(self, base: dict[str, str], logs: Path) -> None:
         if self.prefect_api_url is None:
@@ -233,7 +271,7 @@ class Embedded:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
-        for name in ("prefect-serve", "prefect-bridge", "agent", "control-plane"):
+        for name in ("prefect-serve", "prefect-bridge", "prometheus", "alertmanager", "agent", "control-plane"):
             child = self.children.get(name)
             if child is not None:
                 child.stop()

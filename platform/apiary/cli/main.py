@@ -72,6 +72,9 @@ def up(
     cluster: Path | None = typer.Option(None, "--cluster", help="HiveD cluster config (bare or OpenPAI-wrapped)."),
     port: int = typer.Option(8470, help="Control-plane API port on 127.0.0.1."),
     prefect: bool = typer.Option(True, "--prefect/--no-prefect", help="Start a Prefect server, UI and bridge."),
+    monitoring: bool = typer.Option(
+        False, "--monitoring", help="Also start Prometheus and Alertmanager with deploy/'s config (if installed)."
+    ),
 ) -> None:
     """Start the embedded platform and keep it up until Ctrl-C."""
     from apiary.embedded import Embedded
@@ -80,7 +83,7 @@ def up(
     settings = _settings()
     if cluster is None and not settings.cluster_path.exists():
         cluster = Path(__file__).resolve().parents[3] / "examples/lab6/hived-config-two-vcs.yaml"
-    platform = Embedded(home=settings.home_dir, cluster=cluster, api_port=port, prefect=prefect)
+    platform = Embedded(home=settings.home_dir, cluster=cluster, api_port=port, prefect=prefect, monitoring=monitoring)
     stopping = {"flag": False}
 
     def _term(*_):
@@ -93,6 +96,8 @@ def up(
         console.print(f"Apiary API:  {platform.api_url}   (docs: {platform.api_url}/docs)")
         if platform.ui_url:
             console.print(f"Prefect UI:  {platform.ui_url}   (jobs are flow runs of flow 'apiary-job')")
+        if platform.prometheus_url:
+            console.print(f"Prometheus:  {platform.prometheus_url}   Alertmanager: {platform.alertmanager_url}")
         console.print(f"State:       {settings.home_dir}   Ctrl-C stops.")
         platform.supervise()
     except ApiaryError as e:

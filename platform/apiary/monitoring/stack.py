@@ -1,0 +1,95 @@
+"""Prometheus and Alertmanager for ``apiary up --monitoring``: render the shipped configs and run
+Debian's binaries on loopback.
+
+The configs in ``deploy/prometheus`` and ``deploy/alertmanager`` are used as shipped; only the
+values their ``# apiary:`` comments mark are changed (ports, addresses, intervals, file paths):
+see ``deploy/prometheus/README.md``. Node targets go to a file_sd JSON file that Prometheus
+re-reads, so node agents can come and go.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
+
+
+@dataclass(frozen=True)
+class Binaries:
+    prometheus: str
+    alertmanager: str
+
+
+def find_binaries() -> Binaries | None:
+    """Debian's ``prometheus`` and ``prometheus-alertmanager`` (or upstream's ``alertmanager``) on
+    PATH, or None when either is missing."""
+    prom = shutil.which("prometheus")
+    am = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    return Binaries(prom, am) if prom and am else None
+
+
+def write_targets(path: Path, metrics_urls: dict[str, str]) -> None:
+    """file_sd targets, one per node agent: ``[{"targets": ["host:port"], "labels": {"node": n}}]``.
+    Written atomically (Prometheus may read it at any moment)."""
+    items = []
+    for node, url in sorted(metrics_urls.items()):
+        hostport = url.split("://", 1)[-1].split("/", 1)[0]
+        items.append({"targets": [hostport], "labels": {"node": node}})
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(items, indent=2))
+    tmp.replace(path)
+
+
+def render_prometheus(out_dir: Path, *, control_plane: str, alertmanager: str, interval_s: float,
+                      src: Path = DEPLOY / "prometheus") -> Path:
+    """Write ``out_dir/prometheus.yml`` (rules referenced in ``src``) and an empty targets file.
+    ``control_plane`` and ``alertmanager`` are ``host:port``."""
+    cfg = yaml.safe_load((src / "prometheus.yml").read_text())
+    cfg["global"]["scrape_interval"] = cfg["global"]["evaluation_interval"] = f"{interval_s:g}s"
+    cfg["rule_files"] = [str((src / f).resolve()) for f in cfg["rule_files"]]
+    cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [alertmanager]
+    targets = out_dir / "targets" / "nodes.json"
+    targets.parent.mkdir(parents=True, exist_ok=True)
+    if not targets.exists():
+        write_targets(targets, {})
+    for job in cfg["scrape_configs"]:
+        if job["job_name"] == "apiary-control-plane":
+            job["static_configs"][0]["targets"] = [control_plane]
+        elif job["job_name"] == "apiary-node":
+            job["file_sd_configs"][0]["files"] = [str(targets)]
+            job["file_sd_configs"][0]["refresh_interval"] = f"{max(interval_s, 1):g}s"
+    out = out_dir / "prometheus.yml"
+    out.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return out
+
+
+def render_alertmanager(out_dir: Path, *, webhook_url: str, smtp_smarthost: str,
+                        src: Path = DEPLOY / "alertmanager" / "alertmanager.yml") -> Path:
+    """Write ``out_dir/alertmanager.yml`` pointing the webhook receiver at ``webhook_url`` and email
+    at ``smtp_smarthost`` (``host:port``)."""
+    cfg = yaml.safe_load(src.read_text())
+    cfg["global"]["smtp_smarthost"] = smtp_smarthost
+    for receiver in cfg["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            hook["url"] = webhook_url
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / "alertmanager.yml"
+    out.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return out
+
+
+def prometheus_argv(binary: str, config: Path, data: Path, port: int) -> list[str]:
+    # resend-delay 1s: Alertmanager hears a firing alert within a second of each evaluation.
+    return [binary, f"--config.file={config}", f"--storage.tsdb.path={data}",
+            f"--web.listen-address=127.0.0.1:{port}", "--rules.alert.resend-delay=1s", "--log.level=warn"]
+
+
+def alertmanager_argv(binary: str, config: Path, data: Path, port: int) -> list[str]:
+    # No clustering (--cluster.listen-address=): one Alertmanager on loopback.
+    return [binary, f"--config.file={config}", f"--storage.path={data}",
+            f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"]

@@ -1,0 +1,107 @@
+"""Monitoring end to end on real Prometheus and Alertmanager (Debian's binaries) on loopback.
+
+An embedded platform with simulated GPUs is scraped by Prometheus every second; a double-bit ECC
+fault injected into hostname-dan's GPU must, within 30 s: fire ApiaryGpuEccDoubleBitError in
+Prometheus, reach Apiary through Alertmanager's webhook, cordon the node (new jobs go elsewhere)
+and email the admin through a real SMTP server on loopback (aiosmtpd).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import httpx
+import pytest
+from aiosmtpd.controller import Controller
+
+from apiary.client import ApiaryClient
+from apiary.demo.lab6 import LAB6, job_text, nodes_ready, task_running, until
+from apiary.embedded import REPO_ROOT, Embedded
+from apiary.monitoring.stack import find_binaries
+from apiary.tracking.prefect_server import free_port
+
+pytestmark = pytest.mark.e2e
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.messages: list = []
+
+    async def handle_DATA(self, server, session, envelope):  # aiosmtpd handler hook
+        self.messages.append(envelope)
+        return "250 OK"
+
+
+@pytest.fixture
+def smtp():
+    inbox = Inbox()
+    controller = Controller(inbox, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    yield controller, inbox
+    controller.stop()
+
+
+def test_ecc_fault_fires_alert_cordons_node_and_emails(tmp_path, smtp):
+    if find_binaries() is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true but prometheus / prometheus-alertmanager are not installed")
+        pytest.skip("apt-get install prometheus prometheus-alertmanager")
+    controller, inbox = smtp
+    actions = tmp_path / "actions.yaml"
+    actions.write_text(
+        "admin_email: ops@example.test\n"
+        f"smtp: {{host: 127.0.0.1, port: {controller.port}, sender: apiary@example.test}}\n"
+        "rules:\n"
+        "  - match_re: {alertname: 'ApiaryGpu(EccDoubleBitError|XidError|CountChanged)'}\n"
+        "    actions: [cordon-node, email-admin]\n"
+    )
+    p = Embedded(home=tmp_path / "home", cluster=LAB6 / "hived-config-one-vc.yaml", prefect=False,
+                 monitoring=True, monitoring_interval_s=1, smtp_smarthost=f"127.0.0.1:{controller.port}",
+                 workdir=str(REPO_ROOT), env={"APIARY_ALERT_ACTIONS": str(actions)})
+    try:
+        p.start()
+        p.start_supervisor(period_s=0.2)
+        c = ApiaryClient(p.api_url)
+        until(lambda: nodes_ready(c, 2), 60, "node agents")
+        prom = p.prometheus_url
+        until(lambda: _up_targets(prom) >= 3, 60, "Prometheus scraping the control plane and both nodes")
+
+        t0 = time.monotonic()
+        c._call("POST", "/api/v2/nodes/hostname-dan/faults", json={"gpu": 0, "eccDbe": 1})
+        alert = until(lambda: _firing(prom, "ApiaryGpuEccDoubleBitError"), 30, "the alert firing in Prometheus")
+        assert alert["labels"]["node"] == "hostname-dan" and alert["labels"]["severity"] == "fatal"
+        until(lambda: next(n for n in c.nodes() if n["name"] == "hostname-dan")["cordoned"], 30 - (time.monotonic()
+              - t0), "hostname-dan cordoned by the alert action")
+        fault_to_cordon = time.monotonic() - t0
+        recorded = c._call("GET", "/api/v2/alerts").json()
+        assert any(a["alertname"] == "ApiaryGpuEccDoubleBitError" for a in recorded["alerts"])
+        wanted = {("cordon-node", "ok"), ("email-admin", "ok")}
+        until(lambda: {(a["action"], a["status"]) for a in c._call("GET", "/api/v2/alerts").json()["actions"]}
+              >= wanted, 30, "both actions recorded ok")
+        until(lambda: any("ApiaryGpuEccDoubleBitError" in m.content.decode(errors="replace") for m in inbox.messages),
+              30, "the email")
+        assert "ops@example.test" in {r for m in inbox.messages for r in m.rcpt_tos}
+        # New jobs avoid the cordoned node.
+        job = c.submit(job_text(5, 2), user="alice")["id"]
+        j = until(lambda: task_running(c, job), 60, "the new job running")
+        assert j["tasks"][0]["node"] == "hostname-carol"
+        assert fault_to_cordon < 30
+    finally:
+        p.stop()
+
+
+def _up_targets(prom: str) -> int:
+    try:
+        r = httpx.get(f"{prom}/api/v1/query", params={"query": "up == 1"}, timeout=2).json()
+        return len(r["data"]["result"])
+    except (httpx.HTTPError, KeyError, ValueError):
+        return 0
+
+
+def _firing(prom: str, name: str) -> dict | None:
+    try:
+        alerts = httpx.get(f"{prom}/api/v1/alerts", timeout=2).json()["data"]["alerts"]
+    except (httpx.HTTPError, KeyError, ValueError):
+        return None
+    return next((a for a in alerts if a["labels"].get("alertname") == name and a["state"] == "firing"), None)
