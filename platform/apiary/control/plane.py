@@ -47,6 +47,7 @@ from apiary.lifecycle import (
     task_retry,
 )
 from apiary.runtime.env import build_task_env
+from apiary.runtime.probes import parse_probes, probes_to_wire
 from apiary.scheduler import GroupRequest, HivedScheduler, TaskPlacement, TaskRequest
 from apiary.spec.cluster import ClusterConfig, load_cluster_config
 from apiary.spec.job import JobSpec, parse_job
@@ -897,8 +898,10 @@ class ControlPlane:
             out = []
             for t in tasks:
                 job = s.get(Job, t.job_id)
+                spec = self._spec(job)
                 out.append({
                     "runId": t.run_id, "desired": t.desired, "launch": self._launch(s, job, t),
+                    "probes": probes_to_wire(*parse_probes(spec.extras, t.task_role)),
                     # For the node's task metrics (apiary_task_*{job,user,virtual_cluster,task_role,index}).
                     "labels": {"job": job.id, "user": job.user, "virtual_cluster": job.virtual_cluster,
                                "task_role": t.task_role, "index": str(t.index)},

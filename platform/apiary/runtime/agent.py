@@ -20,6 +20,7 @@ without one process per node.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
@@ -29,9 +30,10 @@ from pathlib import Path
 
 import httpx
 
-from apiary.errors import PlatformError
-from apiary.lifecycle import EXIT_LAUNCH_FAILED
+from apiary.errors import PlatformError, ValidationError
+from apiary.lifecycle import EXIT_LAUNCH_FAILED, EXIT_LIVENESS_FAILED
 from apiary.runtime.base import RuntimeBackend, TaskLaunch, TaskStatus
+from apiary.runtime.probes import Prober, monotonic_from_wall, probes_from_wire
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +81,8 @@ class NodeAgent:
         self.exporter = None  # a NodeExporter, set by run_agents when metrics are served
         self._labels: dict[str, dict] = {}  # run_id -> metric labels and gpus, from the assignments
         self._faults_applied = 0
+        self.prober = Prober()  # Kubernetes-style liveness / readiness probes of running tasks
+        self._liveness_failed: dict[str, str] = {}
 
     # ------------------------------------------------------------------ main loops
     async def run(self, stop: asyncio.Event) -> None:
@@ -156,7 +160,9 @@ class NodeAgent:
             if a["desired"] == "RUN":
                 launch = TaskLaunch(**{**a["launch"], "workdir": self.workdir, "env": self._env(a["launch"]["env"])})
                 try:
-                    self.backend.launch(launch)
+                    st = self.backend.launch(launch)
+                    if st.state == "running" and a.get("probes"):
+                        self._watch_probes(run_id, a["probes"], st, launch)
                 except PlatformError as e:
                     logger.error("node=%s run=%s launch failed: %s", self.node, run_id, e)
                     now = time.time()
@@ -178,6 +184,25 @@ class NodeAgent:
             if st.state == "running" and st.run_id not in wanted:
                 logger.warning("node=%s run=%s not assigned here any more: stopping it", self.node, st.run_id)
                 self._stop_async(st.run_id)
+
+    def _watch_probes(self, run_id: str, wire: dict, st: TaskStatus, launch: TaskLaunch) -> None:
+        try:
+            live, ready = probes_from_wire(wire)
+        except ValidationError as e:  # a malformed probe never blocks the task itself
+            logger.error("node=%s run=%s bad probes: %s", self.node, run_id, e.message)
+            return
+        # watch() ignores repeats, so re-adopted runs are covered too; the schedule counts from the
+        # run's real start.
+        self.prober.watch(run_id, live, ready, started_at_monotonic=monotonic_from_wall(st.started_at),
+                          env=launch.env, cwd=launch.workdir or self.workdir)
+
+    async def _probe(self, run_id: str) -> None:
+        res = await asyncio.to_thread(self.prober.check, run_id)
+        if res.live_failed and run_id not in self._liveness_failed:
+            logger.warning("node=%s run=%s liveness probe failed: %s", self.node, run_id, res.message)
+            self._liveness_failed[run_id] = res.message
+            self._stop_async(run_id)
+            self._report_now.set()
 
     def _env(self, env: dict[str, str]) -> dict[str, str]:
         # Process mode: the platform's own Python environment is the task's "image", so a job's
@@ -209,6 +234,9 @@ class NodeAgent:
             except TimeoutError:
                 pass
             self._report_now.clear()
+            for run_id in self.prober.due():
+                if run_id not in self._stopping:
+                    asyncio.create_task(self._probe(run_id))
             try:
                 await self._report_once()
             except (httpx.HTTPError, ValueError) as e:
@@ -218,6 +246,16 @@ class NodeAgent:
     async def _report_once(self) -> None:
         statuses = await asyncio.to_thread(self.backend.list)
         statuses = [s for s in statuses if s.run_id not in self._tombstones] + list(self._failed.values())
+        # A task killed for failing its liveness probe is a failure with the platform's exit code
+        # (EXIT_LIVENESS_FAILED), not the 143/137 of the stop itself.
+        statuses = [
+            dataclasses.replace(s, exit_code=EXIT_LIVENESS_FAILED, stopped=False)
+            if s.state == "exited" and s.run_id in self._liveness_failed else s
+            for s in statuses
+        ]
+        for s in statuses:
+            if s.state == "exited":
+                self.prober.forget(s.run_id)
         changed = [s for s in statuses if self._sent.get(s.run_id) != _key(s)]
         await self._ship_logs(statuses)
         now = time.monotonic()
@@ -249,6 +287,7 @@ class NodeAgent:
                 self._tombstones.add(s.run_id)
                 self._failed.pop(s.run_id, None)
                 self._labels.pop(s.run_id, None)
+                self._liveness_failed.pop(s.run_id, None)
                 self._sent.pop(s.run_id, None)
                 await asyncio.to_thread(self.backend.forget, s.run_id)
 

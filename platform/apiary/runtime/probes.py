@@ -105,6 +105,8 @@ __all__ = [
     "http_probe",
     "monotonic_from_wall",
     "parse_probes",
+    "probes_from_wire",
+    "probes_to_wire",
     "tcp_probe",
     "validate_probes",
 ]
@@ -331,6 +333,26 @@ def validate_probes(
         if probes != (None, None):
             out[name] = probes
     return out
+
+
+def probes_to_wire(liveness: ProbeSpec | None, readiness: ProbeSpec | None) -> dict[str, Any]:
+    """JSON-able ``{"livenessProbe": {...}, "readinessProbe": {...}}`` (absent probes left out), for
+    shipping a role's parsed probes to the node agent inside an assignment."""
+    out: dict[str, Any] = {}
+    for key, probe in ((LIVENESS, liveness), (READINESS, readiness)):
+        if probe is not None:
+            out[key] = probe.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return out
+
+
+def probes_from_wire(data: Mapping[str, Any] | None) -> tuple[ProbeSpec | None, ProbeSpec | None]:
+    """Inverse of :func:`probes_to_wire` (``None`` or ``{}``: no probes). Raises
+    :class:`ValidationError` (field ``probes.livenessProbe...``) for malformed data."""
+    if not data:
+        return None, None
+    if not isinstance(data, Mapping):
+        raise ValidationError("probes", f"must be a mapping, got {type(data).__name__}")
+    return _parse_one(data.get(LIVENESS), f"probes.{LIVENESS}"), _parse_one(data.get(READINESS), f"probes.{READINESS}")
 
 
 # --------------------------------------------------------------------------- handlers

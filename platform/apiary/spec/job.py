@@ -434,6 +434,10 @@ class JobSpec(_Model):
                     f"names task role {tr_name!r}, which the job does not have "
                     f"(task roles: {sorted(self.task_roles)})",
                 )
+        # Liveness / readiness probes under extras.apiary.taskRoles.<tr> (apiary.runtime.probes).
+        from apiary.runtime.probes import validate_probes
+
+        validate_probes(self.extras, self.task_roles)
         return self
 
     # ------------------------------------------------------------------ derived views
