@@ -1,16 +1,19 @@
 """Apiary's benchmark runner (``make bench``).
 
 Runs the scheduler benchmark (bench/scheduler.py: the pure HiveD algorithm on 1,000 / 5,000 /
-10,000-node clusters), the Philly trace replay (bench/replay.py, through ``apiary sim trace``) and
-the lifecycle benchmarks (bench/lifecycle.py, on the embedded platform), writes their numbers to
-the ``scheduler``, ``replay`` and ``lifecycle`` sections of ``bench/results.json`` (other
-top-level sections are kept), prints measured vs target (bench/thresholds.yaml) and exits 1 if a
-target is missed, 2 if a benchmark could not run. See bench/README.md.
+10,000-node clusters), the Philly trace replay (bench/replay.py, through ``apiary sim trace``), the
+lifecycle benchmarks (bench/lifecycle.py, on the embedded platform) and the monitoring benchmarks
+(bench/monitoring.py: a node's /metrics scrape time, fault -> alert -> cordon through real
+Prometheus and Alertmanager), writes their numbers to the ``scheduler``, ``replay``, ``lifecycle``
+and ``monitoring`` sections of ``bench/results.json`` (other top-level sections are kept), prints
+measured vs target (bench/thresholds.yaml) and exits 1 if a target is missed, 2 if a benchmark
+could not run. See bench/README.md.
 
     .venv/bin/python bench/run.py                               # everything, full size
     .venv/bin/python bench/run.py --quick                       # smoke size
     .venv/bin/python bench/run.py --only scheduler              # one benchmark (repeatable)
     .venv/bin/python bench/run.py --only lifecycle.start_latency --out /tmp/results.json
+    .venv/bin/python bench/run.py --only monitoring                 # scrape time + fault -> cordon
 """
 
 from __future__ import annotations
@@ -36,12 +39,18 @@ for p in (str(REPO_ROOT / "platform"), str(BENCH_DIR)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-# bench/lifecycle.py, bench/scheduler.py and bench/replay.py are imported (through BENCH_DIR on
-# sys.path) only when they run: the lifecycle module pulls in the whole embedded platform.
+# bench/lifecycle.py, bench/scheduler.py, bench/replay.py and bench/monitoring.py are imported
+# (through BENCH_DIR on sys.path) only when they run: the lifecycle module pulls in the whole
+# embedded platform.
 
 LIFECYCLE = ("lifecycle.start_latency", "lifecycle.concurrent")
-BENCHMARKS = ("scheduler", "replay", *LIFECYCLE)
-ONLY_CHOICES = (*BENCHMARKS, "lifecycle")  # "lifecycle" = both lifecycle benchmarks
+MONITORING = ("monitoring.scrape", "monitoring.fault_to_cordon")
+BENCHMARKS = ("scheduler", "replay", *LIFECYCLE, *MONITORING)
+GROUPS = {"lifecycle": LIFECYCLE, "monitoring": MONITORING}
+ONLY_CHOICES = (*BENCHMARKS, *GROUPS)  # "lifecycle" / "monitoring" = both benchmarks of the family
+SCRAPE_SAMPLES, QUICK_SCRAPE_SAMPLES = 500, 50
+CORDON_SAMPLES, QUICK_CORDON_SAMPLES = 4, 2
+CORDON_NODES = 4
 SCHEDULER_NODES = (1000, 5000, 10000)
 SCHEDULER_SAMPLES = 20000
 QUICK_SCHEDULER_NODES = (200,)
@@ -210,6 +219,10 @@ def write_results(out: Path, section: dict, replace: bool, name: str = "lifecycl
         merged["method"] = scheduler_method(merged)
     elif name == "replay":
         merged["method"] = replay_method(merged)
+    elif name == "monitoring":
+        import monitoring
+
+        merged["method"] = monitoring.method(merged)
     data[name] = merged
     _write(out, data)
     return merged
@@ -259,19 +272,66 @@ def run_replay(quick: bool, timeout_s: float) -> dict:
     return section
 
 
+def run_monitoring(which: set[str], quick: bool, errors: list[str]) -> dict:
+    """The ``monitoring`` benchmarks in ``which``; a failed one is added to ``errors`` (its keys are
+    then absent: never stale or made-up numbers)."""
+    section: dict = {}
+    if not which & set(MONITORING):
+        return section
+    import monitoring
+
+    if "monitoring.scrape" in which:
+        try:
+            r = monitoring.measure_scrape(8, QUICK_SCRAPE_SAMPLES if quick else SCRAPE_SAMPLES)
+            d = r.to_dict()
+            section.update(d)
+            print(
+                f"scrape: {r.gpus} simulated GPUs, {r.tasks} running tasks, {r.bytes} bytes: GET /metrics "
+                f"p50={d['scrape_ms_8gpu']:.2f} ms p95={d['scrape_p95_ms']:.2f} ms max={d['scrape_max_ms']:.2f} ms "
+                f"over {d['scrape_samples']} scrapes; render() p50={d['render_ms_p50']:.2f} ms",
+                flush=True,
+            )
+        except Exception:
+            errors.append("monitoring.scrape")
+            traceback.print_exc()
+    if "monitoring.fault_to_cordon" in which:
+        try:
+            r = monitoring.measure_fault_to_cordon(
+                QUICK_CORDON_SAMPLES if quick else CORDON_SAMPLES, nodes=CORDON_NODES
+            )
+            d = r.to_dict()
+            section.update(d)
+            by_node = ", ".join(f"{n}={v:.2f}" for n, v in d["fault_to_cordon_by_node_s"].items())
+            print(
+                f"fault_to_cordon: median={d['fault_to_cordon_s']:.2f} s max={d['fault_to_cordon_max_s']:.2f} s "
+                f"over {d['fault_to_cordon_samples']} nodes [{by_node}]; alert firing in Prometheus after "
+                f"{d.get('fault_to_firing_s')} s (median); platform up in {r.startup_s:.1f} s, all targets up at "
+                f"{r.targets_up_s:.1f} s",
+                flush=True,
+            )
+        except Exception as e:
+            errors.append("monitoring.fault_to_cordon")
+            if isinstance(e, monitoring.MonitoringUnavailable):
+                print(f"monitoring.fault_to_cordon: {e}", file=sys.stderr, flush=True)
+            else:
+                traceback.print_exc()
+    return section
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--only",
         action="append",
         choices=ONLY_CHOICES,
-        help="run only this benchmark (repeatable); 'lifecycle' = both lifecycle benchmarks",
+        help="run only this benchmark (repeatable); 'lifecycle' / 'monitoring' = both benchmarks of that family",
     )
     ap.add_argument(
         "--quick",
         action="store_true",
         help="smoke size: 20 latency samples, 100 concurrent jobs, scheduler on 200 nodes with 1,000 placements, "
-        "replay of the first 2,000 Philly jobs",
+        f"replay of the first 2,000 Philly jobs, {QUICK_SCRAPE_SAMPLES} scrapes, {QUICK_CORDON_SAMPLES} "
+        "fault -> cordon samples",
     )
     ap.add_argument("--out", type=Path, default=BENCH_DIR / "results.json", help="results file (merged)")
     ap.add_argument("--thresholds", type=Path, default=BENCH_DIR / "thresholds.yaml")
@@ -297,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     which = set()
     for o in args.only or BENCHMARKS:
-        which.update(LIFECYCLE if o == "lifecycle" else (o,))
+        which.update(GROUPS.get(o, (o,)))
     nofile = raise_nofile()
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"machine: {machine()}  RLIMIT_NOFILE={nofile}  loadavg={load}", flush=True)
@@ -373,6 +433,12 @@ def main(argv: list[str] | None = None) -> int:
         written["lifecycle"] = section
         # a run of both lifecycle benchmarks replaces the section; a run of one updates its keys
         write_results(args.out, section, replace=set(LIFECYCLE) <= which, name="lifecycle")
+    mon = run_monitoring(which, args.quick, errors)
+    if mon:
+        stamp(mon, args.quick)
+        written["monitoring"] = mon
+        # a run of both monitoring benchmarks replaces the section; a run of one updates its keys
+        write_results(args.out, mon, replace=set(MONITORING) <= which, name="monitoring")
     if written:
         print(f"wrote {', '.join(written)} to {args.out}", flush=True)
 
