@@ -13,33 +13,13 @@ import time
 
 import httpx
 import pytest
-from aiosmtpd.controller import Controller
 
 from apiary.client import ApiaryClient
 from apiary.demo.lab6 import LAB6, job_text, nodes_ready, task_running, until
 from apiary.embedded import REPO_ROOT, Embedded
 from apiary.monitoring.stack import find_binaries
-from apiary.tracking.prefect_server import free_port
 
 pytestmark = pytest.mark.e2e
-
-
-class Inbox:
-    def __init__(self) -> None:
-        self.messages: list = []
-
-    async def handle_DATA(self, server, session, envelope):  # aiosmtpd handler hook
-        self.messages.append(envelope)
-        return "250 OK"
-
-
-@pytest.fixture
-def smtp():
-    inbox = Inbox()
-    controller = Controller(inbox, hostname="127.0.0.1", port=free_port())
-    controller.start()
-    yield controller, inbox
-    controller.stop()
 
 
 def test_ecc_fault_fires_alert_cordons_node_and_emails(tmp_path, smtp):

@@ -12,7 +12,6 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
-from aiosmtpd.controller import Controller
 from fastapi.testclient import TestClient
 
 from apiary.api import create_app
@@ -23,24 +22,6 @@ from apiary.ops.alerts import ActionsConfig, AlertmanagerPayload, AlertReceiver,
 from apiary.spec.cluster import load_cluster_config
 from apiary.store import make_engine, migrate, session_factory
 from apiary.tracking.prefect_server import free_port
-
-
-class Inbox:
-    def __init__(self) -> None:
-        self.messages: list = []
-
-    async def handle_DATA(self, server, session, envelope):  # aiosmtpd handler hook
-        self.messages.append(envelope)
-        return "250 OK"
-
-
-@pytest.fixture
-def smtp():
-    inbox = Inbox()
-    controller = Controller(inbox, hostname="127.0.0.1", port=free_port())
-    controller.start()
-    yield controller, inbox
-    controller.stop()
 
 
 @pytest.fixture

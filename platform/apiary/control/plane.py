@@ -48,7 +48,8 @@ from apiary.lifecycle import (
 )
 from apiary.runtime.env import build_task_env
 from apiary.runtime.probes import parse_probes, probes_to_wire
-from apiary.scheduler import GroupRequest, HivedScheduler, TaskPlacement, TaskRequest
+from apiary.scheduler import GroupRequest, HivedScheduler, TaskPlacement
+from apiary.scheduler.requests import group_request
 from apiary.spec.cluster import ClusterConfig, load_cluster_config
 from apiary.spec.job import JobSpec, parse_job
 from apiary.store.models import Attempt, Event, Job, Node, Placement, Task
@@ -143,26 +144,7 @@ class ControlPlane:
         return spec
 
     def _request(self, job_id: str, spec: JobSpec, pending: Sequence[tuple[str, int]] | None = None) -> GroupRequest:
-        tasks = tuple(
-            TaskRequest(
-                task_role=role,
-                instances=tr.instances,
-                gpu=tr.resource_per_instance.gpu,
-                cpu=tr.resource_per_instance.cpu,
-                memory_mb=tr.resource_per_instance.memory_mb,
-                sku_type=spec.sku_type(role),
-                pinned_cell_id=spec.pinned_cell_id(role),
-            )
-            for role, tr in spec.task_roles.items()
-        )
-        return GroupRequest(
-            name=job_id,
-            virtual_cluster=spec.virtual_cluster,
-            priority=spec.priority,
-            gang=spec.gang,
-            tasks=tasks,
-            pending=tuple(pending) if pending is not None else None,
-        )
+        return group_request(job_id, spec, pending)
 
     def _event(self, s: Session, job_id: str, type_: str, **data) -> None:
         s.add(Event(time=self._clock(), job_id=job_id, type=type_, data=data))

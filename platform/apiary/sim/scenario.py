@@ -39,7 +39,8 @@ import yaml
 from apiary.errors import ApiaryError, ValidationError
 from apiary.lifecycle import RoleCompletion
 from apiary.scheduler import HivedScheduler
-from apiary.scheduler.types import GroupRequest, TaskRequest
+from apiary.scheduler.requests import group_request
+from apiary.scheduler.types import GroupRequest
 from apiary.sim.cluster import vc_gpus
 from apiary.sim.engine import Engine, SimJob
 from apiary.spec.cluster import ClusterConfig, load_cluster_config
@@ -53,21 +54,8 @@ def _num(x: float | None) -> float | int | None:
 
 
 def _request(job_id: str, spec: JobSpec) -> GroupRequest:
-    """The GroupRequest of a job, built as :meth:`ControlPlane._request` builds it."""
-    tasks = tuple(
-        TaskRequest(
-            task_role=role,
-            instances=tr.instances,
-            gpu=tr.resource_per_instance.gpu,
-            cpu=tr.resource_per_instance.cpu,
-            memory_mb=tr.resource_per_instance.memory_mb,
-            sku_type=spec.sku_type(role),
-            pinned_cell_id=spec.pinned_cell_id(role),
-        )
-        for role, tr in spec.task_roles.items()
-    )
-    return GroupRequest(name=job_id, virtual_cluster=spec.virtual_cluster, priority=spec.priority, gang=spec.gang,
-                        tasks=tasks)
+    """The GroupRequest of a job, exactly as the control plane builds it."""
+    return group_request(job_id, spec)
 
 
 def load_scenario(path: str | Path) -> tuple[ClusterConfig, list[dict]]:
