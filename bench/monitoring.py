@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import numpy as np
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -43,6 +42,7 @@ for _p in (str(REPO_ROOT / "platform"), str(BENCH_DIR)):
 from apiary.monitoring.node import NodeExporter  # noqa: E402
 from apiary.monitoring.server import serve_metrics  # noqa: E402
 from apiary.monitoring.stack import find_binaries  # noqa: E402
+from lifecycle import percentile  # noqa: E402  (bench/ is on sys.path above)
 
 logger = logging.getLogger("bench.monitoring")
 
@@ -57,13 +57,6 @@ rules:
 
 class MonitoringUnavailable(RuntimeError):
     """Prometheus / Alertmanager are not installed or did not come up: no numbers, not fake ones."""
-
-
-def percentile(values: list[float], p: float) -> float:
-    """Linear-interpolation percentile (numpy's default), ``p`` in [0, 100]; ValueError when empty."""
-    if not values:
-        raise ValueError("no samples")
-    return float(np.percentile(values, p))
 
 
 # ---------------------------------------------------------------------- scrape time

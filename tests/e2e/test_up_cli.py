@@ -74,7 +74,7 @@ def test_stop_and_wait_exit_codes(up):
     r = cli("job", "wait", job_id, "--timeout", "60", check=False)
     assert r.returncode == 1 and "STOPPED" in r.stdout
     bad = cli("job", "submit", str(LAB6 / "hived-config-one-vc.yaml"), check=False)
-    assert bad.returncode == 1 and "taskRoles" in bad.stderr or "protocolVersion" in bad.stderr
+    assert bad.returncode == 1 and ("taskRoles" in bad.stderr or "protocolVersion" in bad.stderr)
 
 
 def test_ctrl_c_stops_everything(up):

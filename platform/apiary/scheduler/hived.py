@@ -260,6 +260,20 @@ def _fit(items: Sequence[_Item], src: _Source, gang: bool) -> _Fit | None:
     return r or None
 
 
+def _combine(request: GroupRequest, groups: dict, fit_one) -> _Fit | None:
+    """Fit every (pinned cell, sku) group of one placement option with ``fit_one(key, items)``:
+    all or nothing for a gang (None when one group does not fit), whatever fits otherwise."""
+    fit: _Fit = {}
+    for key, items in groups.items():
+        r = fit_one(key, items)
+        if not r:
+            if request.gang:
+                return None
+            continue
+        fit.update(r)
+    return fit
+
+
 class HivedScheduler:
     """HiveD semantics over one :class:`~apiary.spec.cluster.ClusterConfig`.
 
@@ -760,20 +774,13 @@ class HivedScheduler:
                             short = True
                     if short:
                         continue
-                fit: _Fit = {}
-                ok = True
-                for (pinned, sku), items in groups.items():
-                    r = self._fit_bound(request, (vc, pinned, sku), items, tent)
-                    if r is None:
-                        ok = False
-                        if request.gang:
-                            break
-                        continue
-                    fit.update(r)
-                if request.gang and ok:
+                fit = _combine(request, groups, lambda key, items: self._fit_bound(request, (vc, *key), items, tent))
+                if fit is None:
+                    continue
+                if request.gang:
                     best = fit
                     break
-                if not request.gang and fit and (best is None or len(fit) > len(best)):
+                if fit and (best is None or len(fit) > len(best)):
                     best = fit
             if best:
                 pl = self._placements(best)
@@ -799,29 +806,23 @@ class HivedScheduler:
         self, request: GroupRequest, pending: tuple[Instance, ...], options: list[dict[str, str]]
     ) -> Decision:
         best: _Fit | None = None
+        def fit_anywhere(key: tuple[str | None, str], items: list) -> _Fit | None:
+            pinned, sku = key
+            scopes: list[str | None] = [request.virtual_cluster] if pinned is not None else [None, ALL_VCS]
+            for scope in scopes:
+                idx = self._index.get((scope, pinned, sku))
+                if idx is not None and (r := _fit(items, _Source(index=idx), request.gang)):
+                    return r
+            return None
+
         for option in options:
-            fit: _Fit = {}
-            ok = True
-            for (pinned, sku), items in self._items(request, pending, option).items():
-                scopes: list[str | None] = [request.virtual_cluster] if pinned is not None else [None, ALL_VCS]
-                r = None
-                for scope in scopes:
-                    idx = self._index.get((scope, pinned, sku))
-                    if idx is None:
-                        continue
-                    r = _fit(items, _Source(index=idx), request.gang)
-                    if r:
-                        break
-                if not r:
-                    ok = False
-                    if request.gang:
-                        break
-                    continue
-                fit.update(r)
-            if request.gang and ok:
+            fit = _combine(request, self._items(request, pending, option), fit_anywhere)
+            if fit is None:
+                continue
+            if request.gang:
                 best = fit
                 break
-            if not request.gang and fit and (best is None or len(fit) > len(best)):
+            if fit and (best is None or len(fit) > len(best)):
                 best = fit
         if best:
             pl = self._placements(best)
