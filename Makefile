@@ -1,11 +1,15 @@
 # The README's two commands: `make demo` (the main job: Lab 6 on Apiary) and `make test`.
 # Each creates .venv and installs the pinned tree (requirements.lock) on a fresh machine.
+# `make check` runs the habits CI holds the code to (.ci/run): lint, typecheck, contracts.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench up clean
+.PHONY: setup demo test test-fast lint typecheck contracts check bench up clean
+
+# The tests that start real services or processes (pyproject's markers); `make test-fast` skips them.
+SLOW_MARKERS := e2e or postgres or prometheus or prefect
 
 setup: $(STAMP)
 
@@ -21,8 +25,22 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+# The unit suite: no embedded platform, PostgreSQL, Prometheus or Prefect server (< 1 min).
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not ($(SLOW_MARKERS))"
+
 lint: setup
 	$(BIN)/ruff check platform flows tests examples bench
+
+# mypy over platform/apiary ([tool.mypy]: strict for scheduler, lifecycle and spec).
+typecheck: setup
+	$(BIN)/mypy
+
+# The import contracts ([tool.importlinter]): the pure core imports no I/O, directly or not.
+contracts: setup
+	$(BIN)/lint-imports --no-cache
+
+check: lint typecheck contracts
 
 bench: setup
 	$(BIN)/python bench/run.py
@@ -31,4 +49,4 @@ up: setup
 	$(BIN)/apiary up
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .import_linter_cache

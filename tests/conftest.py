@@ -1,11 +1,36 @@
-"""Fixtures shared across the suite."""
+"""Fixtures shared across the suite, and the markers of the tests that need real services."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from aiosmtpd.controller import Controller
 
 from apiary.tracking.prefect_server import free_port
+
+_TESTS = Path(__file__).parent
+
+#: A test that asks for one of these fixtures uses a real service: it gets that service's marker
+#: (pyproject's [tool.pytest.ini_options] markers), so `make test-fast` leaves it out even where
+#: its module says nothing.  Modules mark themselves too (pytestmark) where they need no such fixture.
+SERVICE_FIXTURES = {
+    "postgres_url": "postgres",  # tests/store/conftest.py: a private PostgreSQL server
+    "pg_url": "postgres",
+    "promtool": "prometheus",  # tests/deploy/conftest.py: the Prometheus tools
+    "amtool": "prometheus",
+    "platform_factory": "e2e",  # tests/e2e/conftest.py: the embedded platform
+}
+#: Every test under these directories carries the marker.
+SERVICE_DIRS = {_TESTS / "e2e": "e2e"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = {SERVICE_FIXTURES[f] for f in getattr(item, "fixturenames", ()) if f in SERVICE_FIXTURES}
+        names |= {m for d, m in SERVICE_DIRS.items() if d in item.path.parents}
+        for name in sorted(names):
+            item.add_marker(getattr(pytest.mark, name))
 
 
 class Inbox:

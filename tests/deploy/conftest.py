@@ -1,4 +1,8 @@
-"""Fixtures for the deploy/ tests: the Prometheus tools, found by :func:`tests.deploy.tools.require_tool`."""
+"""Fixtures for the deploy/ tests: the Prometheus tools, found by :func:`tests.deploy.tools.require_tool`.
+
+A test that asks for ``promtool`` or ``amtool`` carries the ``prometheus`` marker (tests/conftest.py);
+the deploy tests that only read the files stay in ``make test-fast``.
+"""
 
 from __future__ import annotations
 

@@ -33,6 +33,9 @@ import pytest
 import yaml
 from tests.deploy.tools import ALERTMANAGER_DIR, PROMETHEUS_DIR, require_tool
 
+# A real Prometheus and Alertmanager on loopback (not in `make test-fast`).
+pytestmark = pytest.mark.prometheus
+
 WAIT_S = 45.0
 
 NODE0_METRICS = """\

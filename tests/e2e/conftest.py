@@ -7,9 +7,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from tests.support.builders import LAB6
+from tests.support.polling import nodes_ready, until
 
 from apiary.client import ApiaryClient
-from apiary.demo.lab6 import LAB6, nodes_ready, until
 from apiary.embedded import REPO_ROOT, Embedded
 
 

@@ -13,9 +13,10 @@ import time
 
 import httpx
 import pytest
+from tests.support.builders import LAB6, job_text
+from tests.support.polling import nodes_ready, task_running, until
 
 from apiary.client import ApiaryClient
-from apiary.demo.lab6 import LAB6, job_text, nodes_ready, task_running, until
 from apiary.embedded import REPO_ROOT, Embedded
 from apiary.monitoring.stack import find_binaries
 

@@ -11,8 +11,8 @@ import signal
 import time
 
 import pytest
-
-from apiary.demo.lab6 import done, job_text, task_running, until
+from tests.support.builders import job_text
+from tests.support.polling import done, task_running, until
 
 pytestmark = pytest.mark.e2e
 

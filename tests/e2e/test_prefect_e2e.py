@@ -15,9 +15,10 @@ import time
 
 import pytest
 import yaml
+from tests.support.builders import LAB6, job_text
+from tests.support.polling import nodes_ready, until
 
 from apiary.client import ApiaryClient
-from apiary.demo.lab6 import LAB6, job_text, nodes_ready, until
 from apiary.embedded import REPO_ROOT, Embedded
 
 pytestmark = [pytest.mark.e2e, pytest.mark.prefect]

@@ -7,8 +7,8 @@ import time
 
 import pytest
 import yaml
+from tests.support.polling import done, task_running, until
 
-from apiary.demo.lab6 import done, task_running, until
 from apiary.embedded import REPO_ROOT
 from apiary.lifecycle import EXIT_LIVENESS_FAILED
 

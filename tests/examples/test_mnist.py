@@ -25,10 +25,15 @@ def run(*args: str, gpus: str | None = None) -> subprocess.CompletedProcess[str]
     )
 
 
+#: Whole training runs (seconds each): end to end, so `make test-fast` leaves them out.
+training = pytest.mark.e2e
+
+
 def epoch_lines(stdout: str) -> list[re.Match[str]]:
     return [m for line in stdout.splitlines() if (m := EPOCH_RE.match(line))]
 
 
+@training
 def test_two_epochs_print_one_line_each_and_exit_zero() -> None:
     proc = run("--epochs", "2", "--lr", "0.01", "--batch-size", "64", gpus="0,1")
     assert proc.returncode == 0, proc.stderr
@@ -37,6 +42,7 @@ def test_two_epochs_print_one_line_each_and_exit_zero() -> None:
     assert "CUDA_VISIBLE_DEVICES: 0,1" in proc.stdout and "CPU" in proc.stdout
 
 
+@training
 def test_ten_epochs_at_lr_0_1_learn_the_digits() -> None:
     proc = run("--epochs", "10", "--lr", "0.1", "--batch-size", "64")
     assert proc.returncode == 0, proc.stderr
@@ -62,6 +68,7 @@ def test_bad_arguments_exit_non_zero_with_a_message(args: list[str], message: st
     assert message in proc.stderr
 
 
+@training
 def test_diverging_loss_exits_non_zero() -> None:
     proc = run("--epochs", "1", "--lr", "1e300")
     assert proc.returncode == 1

@@ -463,6 +463,7 @@ def test_monotonic_from_wall():
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="process backend semantics are tested on Linux")
+@pytest.mark.e2e  # a real task and real probes on the wall clock: about 5 s
 def test_busybox_liveness_example_with_process_backend(tmp_path):
     """Kubernetes' liveness-exec example, shortened: healthy for 3 s (the seed: 30 s), probed
     every 1 s after 1 s with failureThreshold 2. The loop below is what the agent does."""

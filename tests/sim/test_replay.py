@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tests.support.shared import PHILLY_2K, PHILLY_MACHINES
 from typer.testing import CliRunner
 
 from apiary.cli.main import app
@@ -24,9 +25,6 @@ from apiary.sim.cluster import Machine, machines_to_cluster
 from apiary.sim.policies import FifoScheduler, QuotaScheduler
 from apiary.sim.replay import replay
 from apiary.sim.report import whatif
-
-TRACES = Path("/work/shared/traces")
-needs_traces = pytest.mark.skipif(not (TRACES / "philly.csv").exists(), reason="Philly traces not available")
 
 FRAGMENTING = """submit_s,duration_s,gpus,vc
 0,1000,4,a
@@ -84,12 +82,8 @@ def test_plots_written(frag, tmp_path):
         assert Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@needs_traces
-def test_philly_sample_on_machines(tmp_path):
-    lines = (TRACES / "philly.csv").read_text().splitlines()[:2001]
-    sample = tmp_path / "philly-2k.csv"
-    sample.write_text("\n".join(lines) + "\n")
-    doc, _ = replay(sample, machines=TRACES / "philly_machines.csv", policies=["hived", "quota", "fifo"])
+def test_philly_sample_on_machines():
+    doc, _ = replay(PHILLY_2K, machines=PHILLY_MACHINES, policies=["hived", "quota", "fifo"])
     assert doc["cluster"]["nodes"] == 552 and doc["cluster"]["gpus"] == 2490
     assert sum(v["gpus"] for v in doc["cluster"]["virtualClusters"].values()) == 2490
     for name, m in doc["policies"].items():

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from tests.support.shared import PHILLY_2K, PHILLY_MACHINES, PHILLY_MACHINES_REVISED, shared_file
 
 from apiary.errors import ValidationError
 from apiary.scheduler import HivedScheduler
@@ -20,30 +19,18 @@ from apiary.sim.cluster import (
 from apiary.sim.policies import config_nodes
 from apiary.sim.trace import load_trace, task_split, trace_stats
 
-TRACES = Path("/work/shared/traces")
-needs_traces = pytest.mark.skipif(not (TRACES / "philly.csv").exists(), reason="Philly traces not available")
 
-
-@pytest.fixture
-def philly_sample(tmp_path) -> Path:
-    lines = (TRACES / "philly.csv").read_text().splitlines()[:2001]
-    p = tmp_path / "philly-2k.csv"
-    p.write_text("\n".join(lines) + "\n")
-    return p
-
-
-@needs_traces
-def test_philly_sample(philly_sample):
-    jobs = load_trace(philly_sample)
+def test_philly_sample():
+    jobs = load_trace(PHILLY_2K)
     assert len(jobs) == 2000
     assert jobs[0].submit == 0.0
     assert all(a.submit <= b.submit for a, b in zip(jobs, jobs[1:], strict=False))
     assert {j.priority for j in jobs} == {100} and all(j.gang for j in jobs)
     assert {j.gpus for j in jobs} <= {1, 2, 4, 8, 12, 16, 24, 32, 64, 128}
     assert "6214e9" in {j.vc for j in jobs}
-    first = (TRACES / "philly.csv").read_text().splitlines()[1].split(",")
+    first = PHILLY_2K.read_text().splitlines()[1].split(",")
     assert any(j.duration == float(first[1]) and j.vc == first[4] for j in jobs)
-    assert len(load_trace(philly_sample, limit=10)) == 10
+    assert len(load_trace(PHILLY_2K, limit=10)) == 10
 
 
 def test_generic_csv(tmp_path):
@@ -75,9 +62,8 @@ def test_task_split():
     assert task_split(128) == (16, 8)
 
 
-@needs_traces
 def test_philly_machines_cluster():
-    ms = load_machines(TRACES / "philly_machines.csv")
+    ms = load_machines(PHILLY_MACHINES)
     assert len(ms) == 552 and sum(m.gpus for m in ms) == 2490
     assert sorted({m.gpus for m in ms}) == [2, 8]
     assert sum(m.gpus == 8 for m in ms) == 231 and sum(m.gpus == 2 for m in ms) == 321
@@ -86,7 +72,7 @@ def test_philly_machines_cluster():
     assert len(nodes) == 552 and sum(n.gpus for n in nodes) == 2490
     assert set(cfg.physical_cluster.cell_types) == {"NODE-8GPU", "POOL-8GPU", "NODE-2GPU", "POOL-2GPU"}
     assert {n.name for n in nodes} == {m.name for m in ms}
-    revised = load_machines(TRACES / "philly_machines_revised.csv")
+    revised = load_machines(PHILLY_MACHINES_REVISED)
     assert len(revised) == 539 and {m.gpus for m in revised} == {2, 3, 4, 8}  # 13 machines with 0 GPUs skipped
     assert len(config_nodes(machines_to_cluster(revised))) == 539
 
@@ -105,9 +91,8 @@ def test_quota_too_small_vc_is_left_short():
     assert q["a"][8] + q["b"][8] == 10  # both want 8 cells: the first served gets them, the other does not
 
 
-@needs_traces
-def test_philly_quotas_sum_and_cover(philly_sample):
-    jobs = load_trace(TRACES / "philly.csv")
+def test_philly_quotas_sum_and_cover():
+    jobs = load_trace(shared_file("traces/philly.csv"))  # the whole trace: all 15 VCs
     gt, big = trace_stats(jobs)
     assert len(gt) == 15
     q = derive_quotas(gt, big, {8: 231, 2: 321})
@@ -116,7 +101,7 @@ def test_philly_quotas_sum_and_cover(philly_sample):
         need = min_cells(n, [2, 8])
         ((g, k),) = need.items()
         assert q[vc][g] >= k or (k == 1 and any(q[vc][s] for s in (2, 8) if s >= g)), vc
-    cfg = machines_to_cluster(load_machines(TRACES / "philly_machines.csv"), q)
+    cfg = machines_to_cluster(load_machines(PHILLY_MACHINES), q)
     assert sum(vc_gpus(cfg).values()) == 2490
     HivedScheduler(cfg)  # binds
 

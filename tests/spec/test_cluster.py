@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from tests.support.builders import LAB6  # examples/lab6: Lab 6's files, copied unmodified
 
-from apiary.demo.lab6 import LAB6  # examples/lab6: Lab 6's files, copied unmodified
 from apiary.errors import ValidationError
 from apiary.spec.cluster import ClusterConfig, load_cluster_config, parse_memory_mb
 

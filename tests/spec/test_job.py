@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.support.builders import LAB6
 
-from apiary.demo.lab6 import LAB6
 from apiary.errors import ValidationError
 from apiary.spec.job import PRIORITY_CLASSES, JobSpec, parse_job
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import yaml
 from rich.console import Console
@@ -50,10 +51,10 @@ def check(cond: bool, message: str) -> None:
         raise ScenarioFailed(message)
 
 
-def job_text(n: int, sleep_s: int | None = None, **changes) -> str:
+def job_text(n: int, sleep_s: int | None = None, **changes: Any) -> str:
     """Lab 6's job-config-N.yaml, with ``sleep 5m`` -> ``sleep <sleep_s>`` when ``sleep_s`` is given;
-    ``changes`` (dotted keys, or ``__`` for ``.`` in keyword names) build the derived jobs some
-    scenarios and tests need."""
+    ``changes`` (field paths with dots, e.g. ``**{"taskRoles.train.instances": 4}``) build the
+    derived jobs of the scenarios that Lab 6 describes without a file."""
     text = (LAB6 / f"job-config-{n}.yaml").read_text()
     if sleep_s is not None:
         text = text.replace("sleep 5m", f"sleep {sleep_s}")
@@ -62,15 +63,19 @@ def job_text(n: int, sleep_s: int | None = None, **changes) -> str:
     doc = yaml.safe_load(text)
     for dotted, value in changes.items():
         node = doc
-        *path, last = dotted.replace("__", ".").split(".")
+        *path, last = dotted.split(".")
         for key in path:
             node = node.setdefault(key, {})
         node[last] = value
     return yaml.safe_dump(doc, sort_keys=False)
 
 
-def ts(value: str | None) -> float | None:
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() if value else None
+def ts(value: str | None) -> float:
+    """Unix seconds of an API timestamp; ScenarioFailed when the task has none (never started or
+    never finished)."""
+    if not value:
+        raise ScenarioFailed("a task has no start or completion time")
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
 def until(pred: Callable[[], object], timeout: float = TIMEOUT_S, what: str = "condition", poll: float = 0.1):
@@ -163,8 +168,8 @@ def gang(c: ApiaryClient, sleep_s: int) -> str:
         time.sleep(0.2)
     j = done(c, g)
     check(j["state"] == "SUCCEEDED", f"job-config-6 {j['state']}")
+    check(all(t["startTime"] for t in j["tasks"]), f"not both instances started: {j['tasks']}")
     starts = [ts(t["startTime"]) for t in j["tasks"]]
-    check(all(s is not None for s in starts), f"not both instances started: {j['tasks']}")
     spread = max(starts) - min(starts)
     check(spread < 2.0, f"instances started {spread:.1f} s apart")
     return (f"job-config-6 (gang of 2) waited with both instances unplaced while job-config-5 held a node; "

@@ -158,11 +158,11 @@ def build_task_env(
         env["PAI_CONTAINER_HOST_PORT_LIST"] = ";".join(f"{n}:{p}" for n, p in mine.items())
     env.update(gpu_env(gpus))
 
-    for key, value in (extra or {}).items():
-        _check_name("extra", key)
-        if key in env:
-            raise ValidationError(f"extra.{key}", "redefines a variable the platform sets")
+    for name, value in (extra or {}).items():
+        _check_name("extra", name)
+        if name in env:
+            raise ValidationError(f"extra.{name}", "redefines a variable the platform sets")
         if not isinstance(value, str):
-            raise ValidationError(f"extra.{key}", f"value must be a string, got {type(value).__name__}")
-        env[key] = value
+            raise ValidationError(f"extra.{name}", f"value must be a string, got {type(value).__name__}")
+        env[name] = value
     return env

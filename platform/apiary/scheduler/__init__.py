@@ -1,14 +1,16 @@
 """Apiary's scheduler: HiveD semantics as a pure algorithm behind one small interface.
 
 ``HivedScheduler(config, lazy_preemption=False)`` implements :class:`SchedulerAlgorithm` (validate,
-schedule, allocate, release, cancel, set_node_health, nodes, status, group_of) plus ``status(vc)``,
-``reconfigure(config)``, ``check_invariants()``, ``groups()`` and ``downgraded()``.  Virtual cells
-bind lazily to physical cells by buddy allocation under HiveD's VC-safety invariant.  See
-``STATE-MACHINE.md`` for the cell and group states.
+schedule, allocate, release, cancel, set_node_health, nodes, group_of, groups, status(vc),
+reconfigure(config)) plus ``check_invariants()`` and ``downgraded()``.  Virtual cells bind lazily
+to physical cells by buddy allocation under HiveD's VC-safety invariant.  See ``STATE-MACHINE.md``
+for the cell and group states.  :func:`leaf_cells_needed` is the one rule sizing a task in leaf
+cells, shared with the simulator's baselines.
 """
 
 from apiary.scheduler.cells import CellState
 from apiary.scheduler.hived import HivedScheduler
+from apiary.scheduler.sizing import leaf_cells_needed
 from apiary.scheduler.types import (
     OPPORTUNISTIC_PRIORITY,
     PRIORITY_CLASSES,
@@ -32,5 +34,6 @@ __all__ = [
     "SchedulerAlgorithm",
     "TaskPlacement",
     "TaskRequest",
+    "leaf_cells_needed",
     "priority_label",
 ]

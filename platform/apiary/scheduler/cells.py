@@ -114,6 +114,11 @@ class Cell:
         self.segs: dict[PoolKey, Segment] = {}  # node: its segments by pool
 
     @property
+    def node_name(self) -> str:
+        """The address of the node this cell is on ("" above node level)."""
+        return self.node.address if self.node is not None else ""
+
+    @property
     def complete(self) -> bool:
         return len(self.leaves) == self.nominal_leaves
 
@@ -316,7 +321,7 @@ def build_topology(config: ClusterConfig) -> Topology:
             node = cell
             topo.nodes[address] = cell
         cell.node = node
-        specs = list(spec.cell_children) if spec is not None else []
+        specs: list[PhysicalCell | None] = [*spec.cell_children] if spec is not None else []
         if node is not None:  # at or below node level: missing children are generated
             specs += [None] * (ct.child_cell_number - len(specs))
         for i, ch in enumerate(specs):

@@ -22,7 +22,8 @@ Rules and their sources:
 * Each task on one node; pack by best fit and keep a group under its lowest common ancestor cell
   (HiveD topology-aware placement).
 * Leaf cells per task = max(ceil(gpu/sku.gpu), ceil(cpu/sku.cpu), ceil(memory/sku.memory)), >= 1
-  (OpenPAI rest-server); a gang job larger than its VC is rejected with OpenPAI's message.
+  (OpenPAI rest-server; :func:`~apiary.scheduler.sizing.leaf_cells_needed`); a gang job larger
+  than its VC is rejected with OpenPAI's message.
 * Bad nodes (unhealthy or cordoned) get no new placements; bindings prefer healthy cells;
   ``status()`` reports per VC the virtual cells that only bad hardware can satisfy ("doomed").
 
@@ -34,10 +35,10 @@ No I/O, clock, threads or randomness: every call is a deterministic function of 
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from apiary.errors import PlatformError, QuotaExceededError, ValidationError
 from apiary.scheduler.cells import (
@@ -56,6 +57,7 @@ from apiary.scheduler.cells import (
     build_topology,
     check_initial_assignment,
 )
+from apiary.scheduler.sizing import leaf_cells_needed
 from apiary.scheduler.types import (
     MAX_GUARANTEED_PRIORITY,
     Decision,
@@ -113,7 +115,8 @@ def _who(g: _Group) -> str:
 
 
 class _Source:
-    """Available leaves for a fit: either a live BucketIndex (free leaves) or an explicit overlay."""
+    """Available leaves for a fit: a live BucketIndex of free leaves (``index``) or, without one,
+    an explicit overlay ``avail`` (segment -> its available leaves)."""
 
     def __init__(
         self,
@@ -122,38 +125,35 @@ class _Source:
         group: str | None = None,
     ) -> None:
         self.index = index
-        self.avail = avail
+        self.avail: dict[Segment, list[Cell]] = avail if avail is not None else {}
         self.group = group
 
     def best_fit(self, need: int) -> Segment | None:
         if self.index is not None:
             return self.index.best_fit(need)
         best: Segment | None = None
-        for seg, lv in self.avail.items():  # type: ignore[union-attr]
+        best_n = 0
+        for seg, lv in self.avail.items():
             n = len(lv)
-            if n >= need and (
-                best is None
-                or n < len(self.avail[best])  # type: ignore[index]
-                or (n == len(self.avail[best]) and seg.order < best.order)
-            ):  # type: ignore[index]
-                best = seg
+            if n >= need and (best is None or n < best_n or (n == best_n and seg.order < best.order)):
+                best, best_n = seg, n
         return best
 
     def leaves(self, seg: Segment) -> list[Cell]:
-        if self.avail is not None:
+        if self.index is None:
             return self.avail[seg]
         return seg.free_leaves(self.group)
 
     def as_dict(self) -> dict[Segment, list[Cell]]:
-        if self.avail is not None:
+        if self.index is None:
             return self.avail
-        segs = self.index.fullest(_FIT_CANDIDATES)  # type: ignore[union-attr]
+        segs = self.index.fullest(_FIT_CANDIDATES)
         return {seg: seg.free_leaves(self.group) for seg in sorted(segs, key=lambda s: s.order)}
 
     def total(self) -> int:
-        if self.avail is not None:
+        if self.index is None:
             return sum(len(v) for v in self.avail.values())
-        return self.index.total  # type: ignore[union-attr]
+        return self.index.total
 
 
 def _pick_leaves(node: Cell, avail: list[Cell], need: int) -> list[Cell]:
@@ -260,7 +260,14 @@ def _fit(items: Sequence[_Item], src: _Source, gang: bool) -> _Fit | None:
     return r or None
 
 
-def _combine(request: GroupRequest, groups: dict, fit_one) -> _Fit | None:
+_ItemGroups = dict[tuple[str | None, str], list[_Item]]  # (pinned cell id, sku) -> items
+
+
+def _combine(
+    request: GroupRequest,
+    groups: _ItemGroups,
+    fit_one: Callable[[tuple[str | None, str], list[_Item]], _Fit | None],
+) -> _Fit | None:
     """Fit every (pinned cell, sku) group of one placement option with ``fit_one(key, items)``:
     all or nothing for a gang (None when one group does not fit), whatever fits otherwise."""
     fit: _Fit = {}
@@ -336,7 +343,7 @@ class HivedScheduler:
             self._pool_leaves[key] += len(cell.leaves)
             per_node: dict[str, int] = defaultdict(int)
             for lf in cell.leaves:
-                per_node[lf.node.address] += 1  # type: ignore[union-attr]
+                per_node[lf.node_name] += 1
             self._pool_max[key] = max(self._pool_max[key], *per_node.values())
         for node in self.topo.nodes.values():
             for lf in node.leaves:
@@ -416,11 +423,11 @@ class HivedScheduler:
             return False
         chain = self.topo.chains[c.chain]
         chain.remove_free(f)
-        x = c
-        path: list[Cell] = []
-        while x is not f:
-            path.append(x)
-            x = x.parent  # type: ignore[assignment]
+        path: list[Cell] = []  # c and its ancestors below f
+        y: Cell | None = c
+        while y is not None and y is not f:
+            path.append(y)
+            y = y.parent
         # split f down to c: every cell on the way becomes SPLIT, its other children FREE
         x = f
         for nxt in reversed(path):
@@ -478,7 +485,7 @@ class HivedScheduler:
             if c.state == BOUND and c.hold == 0:
                 self._unbind(c)
 
-    def _cell_key(self, c: Cell, want: int, hint: Cell | None) -> tuple:
+    def _cell_key(self, c: Cell, want: int, hint: Cell | None) -> tuple[bool, int, bool, int, int]:
         clean = c.bad == 0 if c.level == want else c.bad < len(c.leaves)
         near = 0 if hint is not None and c.parent is hint else 1
         return (not clean, c.level, c.used > 0, near, c.order)
@@ -546,16 +553,7 @@ class HivedScheduler:
 
     # ------------------------------------------------------------------ request helpers
     def _leaf_need(self, task: TaskRequest, sku: str) -> int:
-        s = self._skus[sku]
-        need = 1
-        if task.gpu > 0:
-            need = max(need, math.ceil(task.gpu / s.gpu) if s.gpu > 0 else 1 << 30)
-        if task.cpu > 0:
-            need = max(need, math.ceil(task.cpu / s.cpu - 1e-9))
-        if task.memory_mb > 0:
-            mem = s.memory_mb
-            need = max(need, math.ceil(task.memory_mb / mem) if mem > 0 else 1 << 30)
-        return need
+        return leaf_cells_needed(task, self._skus[sku])
 
     def _sku_options(self, request: GroupRequest) -> list[dict[str, str]]:
         """Candidate task_role -> sku assignments (a pinned cell fixes its sku)."""
@@ -720,7 +718,8 @@ class HivedScheduler:
     def _fit_bound(self, request: GroupRequest, key: PoolKey, items: list[_Item], tent: list[Cell]) -> _Fit | None:
         """Fit ``items`` into the VC's bound cells, binding more virtual cells (recorded in ``tent``)
         while they do not fit and the VC has some left."""
-        vc, pinned, sku = key
+        _, pinned, sku = key
+        vc = request.virtual_cluster  # the key's VC, typed as a VC name
         need = sum(it[2] for it in items)
         want = need if request.gang else min(it[2] for it in items)
         idx = self._index.get(key)
@@ -729,15 +728,15 @@ class HivedScheduler:
             r = _fit(items, _Source(index=idx), request.gang)
         if pinned is not None or (r is not None and len(r) == len(items)):
             return r
-        if request.gang and need > self._vc_free(vc, sku):  # type: ignore[arg-type]
+        if request.gang and need > self._vc_free(vc, sku):
             return None
         hint: Cell | None = None
         max_item = max(it[2] for it in items)
         min_item = min(it[2] for it in items)
-        for _ in range(self._bind_budget(vc, sku, items)):  # type: ignore[arg-type]
+        for _ in range(self._bind_budget(vc, sku, items)):
             idx = self._index.get(key)
             have = idx.total if idx is not None else 0
-            c = self._bind_some(vc, sku, max(need - have, max_item), min_item, max_item, hint)  # type: ignore[arg-type]
+            c = self._bind_some(vc, sku, max(need - have, max_item), min_item, max_item, hint)
             if c is None:
                 break
             tent.append(c)
@@ -806,7 +805,7 @@ class HivedScheduler:
         self, request: GroupRequest, pending: tuple[Instance, ...], options: list[dict[str, str]]
     ) -> Decision:
         best: _Fit | None = None
-        def fit_anywhere(key: tuple[str | None, str], items: list) -> _Fit | None:
+        def fit_anywhere(key: tuple[str | None, str], items: list[_Item]) -> _Fit | None:
             pinned, sku = key
             scopes: list[str | None] = [request.virtual_cluster] if pinned is not None else [None, ALL_VCS]
             for scope in scopes:
@@ -929,7 +928,11 @@ class HivedScheduler:
         occupied = {lf.group for lf in leaves if lf.group}
         victims = [g for g in chosen if g in occupied]
         if not victims:  # lower-priority reservations on these cells are superseded at allocate()
-            self._plans[name] = (placements, [c for c in tent if c.state == BOUND])
+            # plan only the tentative cells these leaves are in, as the direct placement does: a
+            # planned cell that no leaf uses would be bound at allocate() and never released
+            used = {id(lf) for lf in leaves}
+            plan = [c for c in tent if c.state == BOUND and any(id(lf) in used for lf in c.leaves)]
+            self._plans[name] = (placements, plan)
             return Decision("place", placements, reason=self._place_reason(request, placements, len(pending)))
         who = ", ".join(_who(self._groups[g]) for g in victims)
         n_cells = sum(1 for lf in leaves if lf.group)
@@ -1071,7 +1074,7 @@ class HivedScheduler:
         if old_r is not None:
             old_h = 1
             if old_g is None:
-                self._reserved[lf.vc or ""] -= 1  # type: ignore[index]
+                self._reserved[lf.vc or ""] -= 1
         lf.group, lf.reserved_by = group, reserved_by
         new_h = 0
         if group is not None:
@@ -1089,7 +1092,7 @@ class HivedScheduler:
         if reserved_by is not None:
             new_h = 1
             if group is None:
-                self._reserved[lf.vc or ""] += 1  # type: ignore[index]
+                self._reserved[lf.vc or ""] += 1
         if new_h != old_h and lf.vc is not None and not pinned:
             self._used_sku[(lf.vc, lf.sku)] += new_h - old_h
             root = lf.bound_root()
@@ -1100,7 +1103,10 @@ class HivedScheduler:
         is_free = group is None and reserved_by is None
         if was_free != is_free:
             d = 1 if is_free else -1
-            self._seg_free(lf.segment, d)  # type: ignore[arg-type]
+            seg = lf.segment
+            if seg is None:  # every leaf gets its segment when the scheduler is built
+                raise PlatformError(f"leaf cell {lf.index} of node {lf.node_name} has no segment")
+            self._seg_free(seg, d)
             if lf.all_segment is not None:
                 self._seg_free(lf.all_segment, d)
 
@@ -1132,7 +1138,7 @@ class HivedScheduler:
                 if root is not None:
                     if root.vc != vc:
                         raise PlatformError(
-                            f"allocate {name}: leaf cell {lf.index} of node {lf.node.address} "  # type: ignore[union-attr]
+                            f"allocate {name}: leaf cell {lf.index} of node {lf.node_name} "
                             f"is bound to VC {root.vc}"
                         )
                     continue
@@ -1159,7 +1165,7 @@ class HivedScheduler:
                 else:
                     raise PlatformError(
                         f"allocate {name}: VC {vc} has no free virtual cell (quota) that can be bound to leaf "
-                        f"cell {lf.index} of node {lf.node.address} without breaking VC safety"  # type: ignore[union-attr]
+                        f"cell {lf.index} of node {lf.node_name} without breaking VC safety"
                     )
         except PlatformError:
             for c in reversed(new):
@@ -1257,13 +1263,13 @@ class HivedScheduler:
         if tasks is None:
             self._cancel(name)
         if g is not None:
-            keys = list(g.placements) if tasks is None else [tuple(t) for t in tasks]
+            keys = list(g.placements) if tasks is None else [(role, index) for role, index in tasks]
             for key in keys:
                 if key not in g.placements:
                     continue
-                for lf in g.leaves.pop(key):  # type: ignore[call-overload]
+                for lf in g.leaves.pop(key):
                     self._set_leaf(lf, None, lf.reserved_by)
-                del g.placements[key]  # type: ignore[arg-type]
+                del g.placements[key]
             if not g.placements:
                 self._drop_group(name)
         self._gc()
@@ -1377,7 +1383,7 @@ class HivedScheduler:
                             cells -= k
         return out
 
-    def status(self, vc: str | None = None) -> dict:
+    def status(self, vc: str | None = None) -> dict[str, Any]:
         """JSON-able snapshot (cost O(nodes + groups), no cell scan).
 
         ``virtualClusters`` {vc: {quota, used, free, reserved, opportunisticUsed (leaf cells; used =
@@ -1428,7 +1434,7 @@ class HivedScheduler:
             for n, g in self._groups.items()
             if vc is None or g.request.virtual_cluster == vc
         }
-        nodes: dict[str, dict] = {}
+        nodes: dict[str, dict[str, Any]] = {}
         if vc is None:
             nodes = {
                 n: {"leafCells": len(c.leaves), "healthy": n not in self._unhealthy, "used": {}}
@@ -1445,7 +1451,7 @@ class HivedScheduler:
             n: {
                 "priority": r.priority,
                 "victims": list(dict.fromkeys(lf.group for lf in r.leaves if lf.group)),
-                "cells": [f"{lf.node.address}/{lf.index}" for lf in r.leaves],  # type: ignore[union-attr]
+                "cells": [f"{lf.node_name}/{lf.index}" for lf in r.leaves],
             }
             for n, r in self._reservations.items()
             if vc is None or r.vc == vc
@@ -1529,10 +1535,10 @@ class HivedScheduler:
                 for lf in seg.leaves:
                     if lf.segment is not seg and lf.all_segment is not seg:
                         fail(f"leaf {node.address}/{lf.index} listed in {seg}")
-        for key, idx in self._index.items():
-            total = sum(s.free for s in self._pool_segs[key] if s.node.bad == 0)
+        for pool, idx in self._index.items():
+            total = sum(s.free for s in self._pool_segs[pool] if s.node.bad == 0)
             if total != idx.total:
-                fail(f"index {key} total {idx.total}, actual {total}")
+                fail(f"index {pool} total {idx.total}, actual {total}")
 
     # ------------------------------------------------------------------ reconfiguration
     def reconfigure(self, new_config: ClusterConfig) -> dict[str, str]:
@@ -1544,6 +1550,14 @@ class HivedScheduler:
         Reservations are dropped (preemptors schedule again); node health is kept for nodes that
         still exist.  Raises ValidationError (state unchanged) when ``new_config`` itself is illegal.
         """
+        new, dropped = self.reconfigured(new_config)
+        self.__dict__.update(new.__dict__)
+        return dropped
+
+    def reconfigured(self, new_config: ClusterConfig) -> tuple[HivedScheduler, dict[str, str]]:
+        """What :meth:`reconfigure` would make, without changing this scheduler: the new scheduler and
+        the dropped groups. The control plane commits the dropped jobs' stops first and swaps the
+        scheduler only after the commit.  Raises ValidationError when ``new_config`` is illegal."""
         new = HivedScheduler(new_config, lazy_preemption=self.lazy_preemption)
         for n in sorted(self._unhealthy):
             if n in new.topo.nodes:
@@ -1561,7 +1575,7 @@ class HivedScheduler:
             plan: list[Cell] = []  # the same virtual-cell levels as before, where the cells still exist
             for lf in (x for lv in g.leaves.values() for x in lv):
                 root = lf.bound_root()
-                node = new.topo.nodes.get(lf.node.address)  # type: ignore[union-attr]
+                node = new.topo.nodes.get(lf.node_name)
                 if root is None or node is None or root.state != BOUND:
                     continue
                 nl = next((x for x in node.leaves if x.index == lf.index), None)
@@ -1575,5 +1589,4 @@ class HivedScheduler:
                 new._groups.pop(name, None)
                 new._groups_prio[req.virtual_cluster][-1].pop(name, None)
                 continue
-        self.__dict__.update(new.__dict__)
-        return dropped
+        return new, dropped

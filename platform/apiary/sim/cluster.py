@@ -27,6 +27,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from apiary.errors import ValidationError
 from apiary.spec.cluster import ClusterConfig
@@ -218,7 +219,7 @@ def private_cluster(config: ClusterConfig, vc: str) -> ClusterConfig | None:
         return any(x in pc.cell_types and pc.cell_types[x].is_node_level for x in config.type_chain_below(t))
 
     physical = []
-    vcells = []
+    vcells: list[dict[str, Any]] = []
     for c in vcs.virtual_cells:
         t = c.leaf_type
         chain = t

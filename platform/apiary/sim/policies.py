@@ -9,16 +9,20 @@ Pure (no I/O, clock or randomness), so the replay loop drives them exactly like 
   Opportunistic groups (priority -1) skip the quota check.  No preemption.
 * :class:`FifoScheduler` (``fifo``): one queue, no VCs, first fit anywhere.  No preemption.
 
-Leaf cells per task follow HiveD: ``max(ceil(gpu/sku.gpu), ceil(cpu/sku.cpu), ceil(memory/sku.memory))``.
+Leaf cells per task follow HiveD: ``max(ceil(gpu/sku.gpu), ceil(cpu/sku.cpu), ceil(memory/sku.memory))``
+(:func:`apiary.scheduler.sizing.leaf_cells_needed`, the rule HiveD uses too).  Both implement the
+whole interface; ``reconfigure`` is not supported (a replay runs on one cluster config) and raises
+ValidationError.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from apiary.errors import QuotaExceededError, ValidationError
+from apiary.scheduler.sizing import leaf_cells_needed
 from apiary.scheduler.types import Decision, GroupRequest, NodeInfo, TaskPlacement, TaskRequest
 from apiary.sim.cluster import vc_gpus
 from apiary.spec.cluster import ClusterConfig, PhysicalCell
@@ -88,6 +92,7 @@ class _Group:
 class _FirstFit:
     """Shared node bookkeeping of the baselines: free leaf cells per node, first-fit placement."""
 
+    policy = "first-fit"  # the policy's name, for messages
     uses_quota = False
 
     def __init__(self, config: ClusterConfig) -> None:
@@ -108,15 +113,7 @@ class _FirstFit:
 
     # ---------------------------------------------------------------- helpers
     def _need(self, task: TaskRequest, sku: str) -> int:
-        s = self._skus[sku]
-        need = 1
-        if task.gpu > 0:
-            need = max(need, math.ceil(task.gpu / s.gpu) if s.gpu > 0 else 1 << 30)
-        if task.cpu > 0:
-            need = max(need, math.ceil(task.cpu / s.cpu - 1e-9))
-        if task.memory_mb > 0:
-            need = max(need, math.ceil(task.memory_mb / s.memory_mb) if s.memory_mb > 0 else 1 << 30)
-        return need
+        return leaf_cells_needed(task, self._skus[sku])
 
     def _skus_for(self, task: TaskRequest) -> list[str]:
         return [task.sku_type] if task.sku_type is not None else sorted(self._trees)
@@ -196,21 +193,33 @@ class _FirstFit:
         return Decision("place", tuple(placements), reason=f"Placed {len(placements)} of {len(pending)} tasks.")
 
     def allocate(self, name: str, request: GroupRequest, placements: Sequence[TaskPlacement]) -> None:
+        """Commit ``placements`` (see the protocol).  Raises ValidationError, with nothing changed,
+        for an unknown node or a leaf cell that is not free; an instance already placed is skipped."""
         g = self._groups.get(name)
+        new: list[tuple[int, TaskPlacement]] = []
+        claimed: dict[int, set[int]] = {}  # node position -> leaves taken by this call
+        for pl in placements:  # check everything first: a refused call changes nothing
+            if g is not None and (pl.task_role, pl.index) in g.placements:
+                continue
+            i = self._pos.get(pl.node)
+            if i is None:
+                raise ValidationError("placements", f"allocate {name}: unknown node {pl.node!r}")
+            want = set(pl.leaf_cell_indices)
+            taken = claimed.setdefault(i, set())
+            if not want <= set(self._free[i]) or want & taken:
+                raise ValidationError("placements", f"allocate {name}: leaf cells {sorted(want)} of {pl.node} not free")
+            taken |= want
+            new.append((i, pl))
         if g is None:
             g = self._groups[name] = _Group(request)
-        for pl in placements:
-            key = (pl.task_role, pl.index)
-            if key in g.placements:
-                continue
-            i = self._pos[pl.node]
+        for i, pl in new:
             want = set(pl.leaf_cell_indices)
-            if not want <= set(self._free[i]):
-                raise ValidationError("placements", f"allocate {name}: leaf cells {sorted(want)} of {pl.node} not free")
             self._free[i] = [x for x in self._free[i] if x not in want]
             self._trees[self._nodes[i].sku_type].set(i, self._tree_value(i))
-            g.placements[key] = pl
+            g.placements[(pl.task_role, pl.index)] = pl
             self._on_use(g.request, len(pl.gpus))
+        if not g.placements:
+            del self._groups[name]
 
     def _on_use(self, request: GroupRequest, gpus: int) -> None:
         self.used_gpus += gpus
@@ -219,9 +228,9 @@ class _FirstFit:
         g = self._groups.get(name)
         if g is None:
             return
-        keys = list(g.placements) if tasks is None else [tuple(t) for t in tasks]
+        keys = list(g.placements) if tasks is None else [(role, index) for role, index in tasks]
         for key in keys:
-            pl = g.placements.pop(key, None)  # type: ignore[arg-type]
+            pl = g.placements.pop(key, None)
             if pl is None:
                 continue
             i = self._pos[pl.node]
@@ -235,6 +244,7 @@ class _FirstFit:
         """No reservations (these policies never preempt)."""
 
     def set_node_health(self, node: str, healthy: bool) -> None:
+        """An unhealthy node gets no new placements (see the protocol)."""
         if node not in self._pos:
             raise ValidationError("node", f"unknown node {node!r}")
         i = self._pos[node]
@@ -248,16 +258,61 @@ class _FirstFit:
         g = self._groups.get(name)
         return list(g.placements.values()) if g else []
 
-    def status(self) -> dict:
-        nodes = {
-            n.name: {"leafCells": n.leaf_cells, "healthy": self._healthy[i], "free": len(self._free[i])}
+    def groups(self) -> dict[str, GroupRequest]:
+        return {n: g.request for n, g in self._groups.items()}
+
+    def status(self, vc: str | None = None) -> dict[str, Any]:
+        """The protocol's ``nodes`` (plus ``free`` leaf cells), ``groups`` and ``virtualClusters``
+        (in GPUs: see the subclasses), and ``totalGpus`` / ``usedGpus`` of the whole cluster.
+        ``vc`` keeps that VC's groups and the nodes they use; ValidationError for a VC the
+        cluster config does not define."""
+        if vc is not None and vc not in self.config.virtual_clusters:
+            raise ValidationError("vc", f"unknown virtual cluster {vc!r}")
+        groups = {
+            name: {
+                "vc": g.request.virtual_cluster,
+                "priority": g.request.priority,
+                "placements": [
+                    {"task": f"{p.task_role}[{p.index}]", "node": p.node, "leafCells": list(p.leaf_cell_indices)}
+                    for p in g.placements.values()
+                ],
+            }
+            for name, g in self._groups.items()
+            if vc is None or g.request.virtual_cluster == vc
+        }
+        nodes: dict[str, dict[str, Any]] = {
+            n.name: {"leafCells": n.leaf_cells, "healthy": self._healthy[i], "free": len(self._free[i]), "used": {}}
             for i, n in enumerate(self._nodes)
         }
-        return {"totalGpus": self.total_gpus, "usedGpus": self.used_gpus, "nodes": nodes}
+        for name in groups:
+            for p in self._groups[name].placements.values():
+                used = nodes[p.node]["used"]
+                used[name] = used.get(name, 0) + len(p.leaf_cell_indices)
+        if vc is not None:
+            nodes = {n: row for n, row in nodes.items() if row["used"]}
+        return {
+            "totalGpus": self.total_gpus,
+            "usedGpus": self.used_gpus,
+            "nodes": nodes,
+            "groups": groups,
+            "virtualClusters": self._vc_status(vc),
+        }
+
+    def _vc_status(self, vc: str | None) -> dict[str, dict[str, int]]:
+        return {}  # no VCs (fifo)
+
+    def reconfigure(self, new_config: ClusterConfig) -> dict[str, str]:
+        """Not supported: a baseline serves one replay on one cluster config.  Always raises
+        ValidationError (nothing changes); replay again with the new config instead."""
+        raise ValidationError(
+            "config", f"the {self.policy} baseline does not support reconfiguration; replay with the new cluster config"
+        )
 
 
 class FifoScheduler(_FirstFit):
     """``fifo``: one queue, no VCs, first fit (see module docstring)."""
+
+    policy = "fifo"
 
     def validate(self, request: GroupRequest) -> None:
         self._check_shape(request)
@@ -269,6 +324,7 @@ class FifoScheduler(_FirstFit):
 class QuotaScheduler(_FirstFit):
     """``quota``: per-VC GPU-count quotas, no topology guarantee (see module docstring)."""
 
+    policy = "quota"
     uses_quota = True
 
     def __init__(self, config: ClusterConfig) -> None:
@@ -313,7 +369,10 @@ class QuotaScheduler(_FirstFit):
         if not request.opportunistic:
             self.vc_used[request.virtual_cluster] += gpus
 
-    def status(self) -> dict:
-        out = super().status()
-        out["virtualClusters"] = {v: {"quotaGpus": q, "usedGpus": self.vc_used[v]} for v, q in self.quota.items()}
-        return out
+    def _vc_status(self, vc: str | None) -> dict[str, dict[str, int]]:
+        """Per VC, in GPUs: ``quotaGpus`` and ``usedGpus`` (guaranteed groups only)."""
+        return {
+            v: {"quotaGpus": q, "usedGpus": self.vc_used[v]}
+            for v, q in self.quota.items()
+            if vc is None or v == vc
+        }

@@ -94,7 +94,7 @@ def load_trace(path: str | Path, limit: int | None = None) -> list[TraceJob]:
             header = [h.strip() for h in next(reader)]
         except StopIteration:
             raise ValidationError("trace", f"{path} is empty") from None
-        rows = []
+        rows: list[list[str]] = []
         for row in reader:
             if limit is not None and len(rows) >= limit:
                 break

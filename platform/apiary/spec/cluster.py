@@ -223,7 +223,7 @@ class ClusterConfig(_Model):
         return cfg
 
 
-def _loc(loc: tuple) -> str:
+def _loc(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
         if isinstance(part, int):

@@ -26,9 +26,11 @@ from typing import Annotated, Any, Literal
 import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from apiary.errors import ValidationError
+from apiary.spec.probes import validate_probes
 from apiary.spec.templating import render
 
 logger = logging.getLogger(__name__)
@@ -61,7 +63,7 @@ __all__ = [
 PRIORITY_CLASSES: dict[str, int] = {"crit": 120, "prod": 100, "test": 10, "oppo": -1}
 
 #: Default priority class when a job names none (rest-server ``convertPriority(priorityClass='test')``).
-DEFAULT_PRIORITY_CLASS = "test"
+DEFAULT_PRIORITY_CLASS: Literal["test"] = "test"
 #: Virtual cluster a job without ``defaults.virtualCluster`` is submitted to (OpenPAI's default VC).
 DEFAULT_VIRTUAL_CLUSTER = "default"
 
@@ -92,7 +94,14 @@ class _OpenModel(_Model):
     model_config = ConfigDict(extra="allow")
 
 
-def _check_identifier(kind: str):
+def _field_info(model: type[BaseModel], info: pydantic.ValidationInfo) -> FieldInfo:
+    """The field a field validator is validating (pydantic always names it for field validators)."""
+    if info.field_name is None:
+        raise TypeError(f"{model.__name__}: a field validator called without a field name")
+    return model.model_fields[info.field_name]
+
+
+def _check_identifier(kind: str) -> pydantic.AfterValidator:
     def check(name: str) -> str:
         if not _IDENTIFIER_RE.match(name):
             raise PydanticCustomError(
@@ -209,7 +218,7 @@ class TaskRoleCompletion(_Model):
     @classmethod
     def _null_is_default(cls, value: Any, info: pydantic.ValidationInfo) -> Any:
         if value is None:
-            return cls.model_fields[info.field_name].default
+            return _field_info(cls, info).default
         return value
 
     @field_validator("min_failed_instances", "min_succeeded_instances")
@@ -220,7 +229,7 @@ class TaskRoleCompletion(_Model):
             raise PydanticCustomError(
                 "openpai_completion",
                 "{field} must be -1 or at least 1, got {value}",
-                {"field": cls.model_fields[info.field_name].alias, "value": value},
+                {"field": _field_info(cls, info).alias, "value": value},
             )
         return value
 
@@ -434,9 +443,7 @@ class JobSpec(_Model):
                     f"names task role {tr_name!r}, which the job does not have "
                     f"(task roles: {sorted(self.task_roles)})",
                 )
-        # Liveness / readiness probes under extras.apiary.taskRoles.<tr> (apiary.runtime.probes).
-        from apiary.runtime.probes import validate_probes
-
+        # Liveness / readiness probes under extras.apiary.taskRoles.<tr> (apiary.spec.probes).
         validate_probes(self.extras, self.task_roles)
         return self
 
@@ -520,7 +527,7 @@ class JobSpec(_Model):
         lines: list[tuple[str, str]] = []
         deployment = self.active_deployment()
         dep_tr = deployment.task_roles.get(task_role) if deployment else None
-        if dep_tr:
+        if deployment is not None and dep_tr:
             dep_base = f"deployments[{(self.deployments or []).index(deployment)}].taskRoles.{task_role}"
             lines += [(f"{dep_base}.preCommands[{i}]", c) for i, c in enumerate(dep_tr.pre_commands or [])]
         lines += [

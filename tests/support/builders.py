@@ -1,0 +1,38 @@
+"""Builders for test inputs: OpenPAI jobs derived from Lab 6's job files.
+
+``LAB6`` is ``examples/lab6``: Lab 6's own job and cluster files, copied unmodified from
+``shared/reference/lab6``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+LAB6 = REPO / "examples" / "lab6"
+
+
+def job_text(n: int, sleep_s: int | None = None, **changes: Any) -> str:
+    """Lab 6's ``job-config-<n>.yaml`` as text, changed as a test needs.
+
+    ``sleep_s`` replaces the jobs' ``sleep 5m`` with ``sleep <sleep_s>`` (seconds).  ``changes``
+    set fields by dotted path, creating mappings on the way; in keyword names ``__`` stands for
+    ``.``: ``job_text(5, taskRoles__train__instances=4)`` or ``job_text(5, **{"defaults.virtualCluster":
+    "vc1"})``.  Without changes the file's text is returned verbatim (comments and all).
+    """
+    text = (LAB6 / f"job-config-{n}.yaml").read_text()
+    if sleep_s is not None:
+        text = text.replace("sleep 5m", f"sleep {sleep_s}")
+    if not changes:
+        return text
+    doc = yaml.safe_load(text)
+    for dotted, value in changes.items():
+        node = doc
+        *path, last = dotted.replace("__", ".").split(".")
+        for key in path:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return yaml.safe_dump(doc, sort_keys=False)
