@@ -14,7 +14,7 @@ import httpx
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_table_artifact
 
-from apiary.errors import UnavailableError
+from apiary.errors import PlatformError
 from apiary.tracking.submit import resolve_api_url, run_scheduler_cycle
 
 
@@ -27,7 +27,7 @@ async def scheduling_loop(api_url: str | None = None, cycles: int = 60, interval
         for cycle in range(cycles):
             try:
                 result = await run_scheduler_cycle(client)
-            except UnavailableError as exc:
+            except PlatformError as exc:  # 5xx or unreachable (UnavailableError): skip this cycle
                 log.warning("cycle=%s skipped: %s", cycle, exc.message)
                 result = {"placed": [], "preempted": [], "waiting": {}, "durationMs": None, "error": exc.message}
             waiting = result.get("waiting") or {}

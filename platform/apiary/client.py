@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import builtins  # the client has a method named list
 import time
 from pathlib import Path
 
 import httpx
 
-from apiary.errors import ApiaryError, NotFoundError, PlatformError, UnavailableError, UserError
+from apiary.errors import UnavailableError, error_from_response
 
 
 class ApiaryClient:
-    """Calls ``api_url`` (``http://127.0.0.1:PORT``). Errors come back as :mod:`apiary.errors`
-    classes carrying the server's message; an unreachable server raises UnavailableError."""
+    """Calls ``api_url`` (``http://127.0.0.1:PORT``). Error answers come back as the
+    :mod:`apiary.errors` class of :func:`~apiary.errors.error_from_response`, carrying the server's
+    message and status; an unreachable server raises UnavailableError."""
 
-    def __init__(self, api_url: str, timeout: float = 30.0) -> None:
+    def __init__(self, api_url: str, timeout: float = 30.0, transport: httpx.BaseTransport | None = None) -> None:
         self.api_url = api_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.api_url, timeout=timeout)
+        # transport: tests pass httpx.MockTransport.
+        self._http = httpx.Client(base_url=self.api_url, timeout=timeout, transport=transport)
 
     def close(self) -> None:
         self._http.close()
@@ -27,14 +30,7 @@ class ApiaryClient:
         except httpx.TransportError as e:
             raise UnavailableError(f"Apiary API at {self.api_url} is not reachable: {e}") from e
         if r.status_code >= 400:
-            try:
-                msg = r.json().get("message", r.text)
-            except ValueError:
-                msg = r.text
-            cls = NotFoundError if r.status_code == 404 else UserError if r.status_code < 500 else PlatformError
-            err: ApiaryError = cls(msg)
-            err.status_code = r.status_code
-            raise err
+            raise error_from_response(r.status_code, r.content)
         return r
 
     def health(self) -> dict:
@@ -50,7 +46,7 @@ class ApiaryClient:
     def get(self, job_id: str) -> dict:
         return self._call("GET", f"/api/v2/jobs/{job_id}").json()
 
-    def list(self, **filters) -> list[dict]:
+    def list(self, **filters) -> builtins.list[dict]:
         return self._call("GET", "/api/v2/jobs", params={k: v for k, v in filters.items() if v}).json()
 
     def stop(self, job_id: str) -> dict:
@@ -58,21 +54,21 @@ class ApiaryClient:
 
     def logs(self, job_id: str, task_role: str | None = None, index: int = 0, stream: str = "stdout",
              attempt: int | None = None) -> str:
-        params = {"index": index, "stream": stream}
+        params: dict[str, str | int] = {"index": index, "stream": stream}
         if task_role:
             params["taskRole"] = task_role
         if attempt is not None:
             params["attempt"] = attempt
         return self._call("GET", f"/api/v2/jobs/{job_id}/logs", params=params).text
 
-    def nodes(self) -> list[dict]:
+    def nodes(self) -> builtins.list[dict]:
         return self._call("GET", "/api/v2/nodes").json()
 
     def cordon(self, node: str, value: bool = True) -> dict:
         return self._call("PUT", f"/api/v2/nodes/{node}/cordon", json={"value": value}).json()
 
-    def events(self, after: int = 0, job_id: str | None = None, limit: int = 1000) -> list[dict]:
-        params = {"after": after, "limit": limit}
+    def events(self, after: int = 0, job_id: str | None = None, limit: int = 1000) -> builtins.list[dict]:
+        params: dict[str, str | int] = {"after": after, "limit": limit}
         if job_id:
             params["jobId"] = job_id
         return self._call("GET", "/api/v2/events", params=params).json()["events"]

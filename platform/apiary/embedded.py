@@ -29,9 +29,9 @@ from pathlib import Path
 
 import httpx
 
+from apiary.control.config import check_cluster_config
 from apiary.errors import PlatformError, UnavailableError
 from apiary.procutil import die_with_parent
-from apiary.spec.cluster import load_cluster_config
 from apiary.tracking.prefect_server import PrefectServer, free_port, prefect_env, start_prefect_server
 
 logger = logging.getLogger(__name__)
@@ -127,17 +127,20 @@ class Embedded:
 
     def start(self) -> None:
         """Start every child and wait until the API answers. Raises ValidationError for a bad
-        cluster config and PlatformError/UnavailableError if a child cannot start."""
+        cluster config (before anything starts or is written) and PlatformError/UnavailableError if a
+        child cannot start."""
+        target = self.home / "cluster.yaml"
+        source = Path(self.cluster) if self.cluster is not None else target
+        if self.cluster is None and not target.exists():
+            raise PlatformError(f"no cluster config: pass --cluster (nothing at {target})")
+        # The checks of PUT /api/v2/cluster/config, here: a bad config fails with its field named
+        # (400), not as a control plane that exits with the field in its log.
+        check_cluster_config(source)
         self.home.mkdir(parents=True, exist_ok=True)
         run = self.home / "run"
         run.mkdir(exist_ok=True)
-        target = self.home / "cluster.yaml"
-        if self.cluster is not None:
-            load_cluster_config(Path(self.cluster))  # fail here, with the field named, not in a child
-            if not target.exists() or Path(self.cluster).resolve() != target:
-                shutil.copyfile(self.cluster, target)
-        if not target.exists():
-            raise PlatformError(f"no cluster config: pass --cluster (nothing at {target})")
+        if self.cluster is not None and (not target.exists() or source.resolve() != target):
+            shutil.copyfile(source, target)
         self.api_port = self.api_port or free_port()
         logs = self.home / "logs"
         base = self._base_env()

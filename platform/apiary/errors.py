@@ -4,9 +4,19 @@ Every error Apiary raises on purpose derives from :class:`ApiaryError` and is ei
 :class:`UserError` (the caller sent something wrong: HTTP 4xx, the message names the field)
 or a :class:`PlatformError` (Apiary or its infrastructure failed: HTTP 5xx). HiveD draws the
 same line at its web boundary ("User Error" vs "Platform Error").
+
+:func:`error_from_response` is the way back: every HTTP caller of Apiary (the CLI's client, the
+Prefect bridge, the ``apiary-job`` flow) turns an error answer into one of these classes with it,
+so they agree on what each status means. This module imports nothing outside the standard
+library: pure modules (scheduler, spec, lifecycle) import it.
 """
 
 from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
 
 
 class ApiaryError(Exception):
@@ -45,6 +55,10 @@ class ValidationError(UserError):
         self.reason = reason
         super().__init__(f"{field}: {reason}" if field else reason)
 
+    def to_dict(self) -> dict:
+        """``{"code", "message", "field"}``: the error body plus the offending field's path ("" if none)."""
+        return {**super().to_dict(), "field": self.field}
+
 
 class NotFoundError(UserError):
     status_code = 404
@@ -60,6 +74,13 @@ class QuotaExceededError(UserError):
     """A gang job larger than its virtual cluster (OpenPAI rejects it at submission)."""
 
     code = "InvalidParametersError"
+
+
+class TooManyRequestsError(UserError):
+    """The caller sent too much (a queue or rate limit is full); retry later. HTTP 429."""
+
+    status_code = 429
+    code = "TooManyRequestsError"
 
 
 class PlatformError(ApiaryError):
@@ -80,3 +101,82 @@ class UnavailableError(PlatformError):
 
     status_code = 503
     code = "UnavailableError"
+
+
+# A message ``"<field path>: <reason>"`` as ValidationError writes it; the path has no spaces
+# (``taskRoles.train.resourcePerInstance.gpu``, ``virtualClusters.vc1.virtualCells[0]``).
+_FIELD_MESSAGE = re.compile(r"^(?P<field>[A-Za-z_][\w.\[\]~-]*): ")
+
+
+def _parse_body(body: str | bytes | Mapping[str, Any] | None) -> tuple[str, Mapping[str, Any]]:
+    """``(text, json object or {})`` of an answer's body; a body that is not a JSON object is text."""
+    if body is None:
+        return "", {}
+    if isinstance(body, Mapping):
+        return json.dumps(dict(body)), body
+    text = body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text, {}
+    return text, data if isinstance(data, Mapping) else {}
+
+
+def error_from_response(
+    status: int, body: str | bytes | Mapping[str, Any] | None, what: str | None = None
+) -> ApiaryError:
+    """The :class:`ApiaryError` for an HTTP error answer of Apiary's API (status >= 400).
+
+    ``body`` is the answer's body (raw or parsed); Apiary's is ``{"code", "message"[, "field"]}``
+    and anything else is taken as the message text. The error carries the server's message (or
+    ``"<what>: HTTP <status>: <message>"`` when ``what`` names the call), ``status_code = status``
+    and the server's ``code`` when it sent one:
+
+    ======================  ====================================================================
+    status                  error
+    ======================  ====================================================================
+    400, 422                :class:`ValidationError`; ``field`` from the body's ``field``, else
+                            from a ``"field: reason"`` message, else ``""``
+    404                     :class:`NotFoundError`
+    409                     :class:`ConflictError` (e.g. the job already exists)
+    429                     :class:`TooManyRequestsError`
+    503                     :class:`UnavailableError`
+    other 5xx               :class:`PlatformError`
+    other 4xx               :class:`UserError`
+    ======================  ====================================================================
+
+    Callers that retry treat every :class:`PlatformError` (all 5xx) as "try again later". Raises
+    ValueError for a status below 400 (not an error answer).
+    """
+    if status < 400:
+        raise ValueError(f"HTTP {status} is not an error answer")
+    text, data = _parse_body(body)
+    message = str(data.get("message") or text or f"HTTP {status}")
+    err: ApiaryError
+    if status in (400, 422):
+        field = data.get("field")
+        if not isinstance(field, str):
+            match = _FIELD_MESSAGE.match(message)
+            field = match["field"] if match else ""
+        prefix = f"{field}: "
+        err = ValidationError(field, message[len(prefix):] if field and message.startswith(prefix) else message)
+        err.message = message  # the server's words, also where they do not start with the field
+    elif status == 404:
+        err = NotFoundError(message)
+    elif status == 409:
+        err = ConflictError(message)
+    elif status == 429:
+        err = TooManyRequestsError(message)
+    elif status == 503:
+        err = UnavailableError(message)
+    elif status >= 500:
+        err = PlatformError(message)
+    else:
+        err = UserError(message)
+    if what:
+        err.message = f"{what}: HTTP {status}: {err.message}"
+    err.args = (err.message,)
+    err.status_code = status
+    if isinstance(data.get("code"), str):
+        err.code = data["code"]
+    return err

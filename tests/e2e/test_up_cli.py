@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.support.builders import LAB6
+from tests.support.polling import until
 
-from apiary.demo.lab6 import LAB6, until
 from apiary.embedded import REPO_ROOT
 from apiary.tracking.prefect_server import free_port
 
@@ -94,3 +95,26 @@ def test_killing_the_supervisor_takes_its_children_along(up):
     # The children run in their own sessions but ask the kernel for SIGTERM when their parent dies.
     until(lambda: subprocess.run(["pgrep", "-f", f"apiary .*{proc.port}"], capture_output=True).returncode == 1,
           30, "children to exit")
+
+
+def test_up_with_an_oversubscribed_vc_names_the_field_and_starts_nothing(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((LAB6 / "hived-config-two-vcs.yaml").read_text().replace("cellNumber: 1", "cellNumber: 3"))
+    home = tmp_path / "home"
+    port = free_port()
+    env = {**os.environ, "APIARY_HOME": str(home), "PREFECT_HOME": str(tmp_path / "ph"), "DO_NOT_TRACK": "1"}
+    proc = subprocess.Popen(
+        [*APIARY, "up", "--no-prefect", "--port", str(port), "--cluster", str(bad)],
+        env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == 1, out + err
+    err = " ".join(err.split())
+    assert "error (400): virtualClusters.default.virtualCells[0]: VC default does not fit" in err
+    assert "(500)" not in err and not (home / "logs").exists()  # no child ever started
+    assert subprocess.run(["pgrep", "-f", f"apiary .*{port}"], capture_output=True).returncode == 1

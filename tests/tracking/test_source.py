@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from apiary.errors import NotFoundError, UnavailableError
+from apiary.errors import ConflictError, NotFoundError, PlatformError, UnavailableError, ValidationError
 from apiary.tracking.source import HttpEventSource, JobEventSource, MemoryEventSource
 
 
@@ -60,3 +60,23 @@ def test_unreachable_apiary_is_unavailable():
     src = HttpEventSource("http://127.0.0.1:9", timeout_s=1)
     with pytest.raises(UnavailableError):
         asyncio.run(src.events(0))
+
+
+@pytest.mark.parametrize(("status", "cls", "transient"), [
+    pytest.param(500, PlatformError, True, id="500"),
+    pytest.param(502, PlatformError, True, id="502"),
+    pytest.param(503, UnavailableError, True, id="503"),
+    pytest.param(409, ConflictError, False, id="409"),
+    pytest.param(400, ValidationError, False, id="400"),
+    pytest.param(404, NotFoundError, False, id="404"),
+])
+def test_error_answers_use_the_shared_mapping_and_the_bridge_retries_every_5xx(status, cls, transient):
+    from apiary.tracking.bridge import _is_transient
+
+    src = HttpEventSource("http://apiary.test", transport=httpx.MockTransport(
+        lambda request: httpx.Response(status, json={"code": "X", "message": "no"})))
+    with pytest.raises(cls) as caught:
+        asyncio.run(src.events(0))
+    assert type(caught.value) is cls and caught.value.status_code == status
+    assert caught.value.message == f"events after=0: HTTP {status}: no"
+    assert _is_transient(caught.value) is transient

@@ -8,21 +8,21 @@ import os
 import uvicorn
 
 from apiary.api import create_app
+from apiary.control.config import check_cluster_config
 from apiary.control.loop import SchedulingLoop
 from apiary.control.plane import ControlPlane
 from apiary.settings import Settings
-from apiary.spec.cluster import load_cluster_config
 from apiary.store import make_engine, migrate, session_factory
 
 logger = logging.getLogger(__name__)
 
 
 def build_plane(settings: Settings) -> ControlPlane:
-    """Open (and migrate) the store, load ``home/cluster.yaml``, rebuild state. Raises
-    ValidationError for a bad cluster config."""
+    """Check ``home/cluster.yaml``, open (and migrate) the store, rebuild state. Raises
+    ValidationError for a bad cluster config, before the store is touched."""
+    cluster = check_cluster_config(settings.cluster_path)
     engine = make_engine(settings.db_url)
     migrate(engine)
-    cluster = load_cluster_config(settings.cluster_path)
     return ControlPlane(
         session_factory(engine), cluster, settings.logs_dir, node_lost_after_s=settings.node_lost_after_s,
         config_path=settings.cluster_path, lazy_preemption=settings.lazy_preemption,

@@ -64,7 +64,7 @@ from typing import Any
 
 import httpx
 
-from apiary.errors import ApiaryError, NotFoundError, UnavailableError
+from apiary.errors import ApiaryError, NotFoundError, PlatformError
 from apiary.tracking.source import JobEventSource
 
 logger = logging.getLogger(__name__)
@@ -108,7 +108,8 @@ class _Transient(Exception):
 
 
 def _is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, _Transient | UnavailableError | httpx.TransportError | OSError | asyncio.TimeoutError):
+    # PlatformError: Apiary answered 5xx (UnavailableError: 503 or unreachable); try again later.
+    if isinstance(exc, _Transient | PlatformError | httpx.TransportError | OSError | asyncio.TimeoutError):
         return True
     if isinstance(exc, httpx.HTTPStatusError):
         return exc.response.status_code in _TRANSIENT_STATUS
@@ -539,7 +540,7 @@ class PrefectBridge:
 
     async def _on_job_completed(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
         from prefect.client.schemas.actions import ArtifactCreate
-        from prefect.states import State
+        from prefect.states import State, StateType
 
         apiary_state = str(d.get("state", "FAILED")).upper()
         ptype = _JOB_STATE_TO_PREFECT.get(apiary_state, "FAILED")
@@ -563,7 +564,8 @@ class PrefectBridge:
         await self._log(client, job, ev, f"job.completed {msg}",
                         level=logging.INFO if apiary_state == "SUCCEEDED" else logging.ERROR)
         if job["owned"]:
-            await client.set_flow_run_state(uuid.UUID(job["flowRunId"]), State(type=ptype, message=msg), force=True)
+            await client.set_flow_run_state(uuid.UUID(job["flowRunId"]), State(type=StateType(ptype), message=msg),
+                                            force=True)
         job["done"] = True
 
     # ------------------------------------------------------------------ building blocks
@@ -589,10 +591,10 @@ class PrefectBridge:
     async def _task(self, client: Any, job_id: str, job: dict, ev: dict, step: str, name: str, ptype: str,
                     message: str, attempt: int = 0) -> uuid.UUID:
         """A task run that happens at once: created directly in its final state (one request)."""
-        from prefect.states import State
+        from prefect.states import State, StateType
 
         return await self._create_task_run(client, job_id, job, ev, step, name,
-                                           State(type=ptype, message=message), attempt)
+                                           State(type=StateType(ptype), message=message), attempt)
 
     async def _open(self, client: Any, job_id: str, job: dict, ev: dict, key: str, name: str, state_name: str,
                     message: str, attempt: int = 0) -> None:
@@ -603,12 +605,12 @@ class PrefectBridge:
         job["open"][key] = str(tid)
 
     async def _close(self, client: Any, job: dict, key: str, ptype: str, message: str) -> None:
-        from prefect.states import State
+        from prefect.states import State, StateType
 
         tid = job["open"].get(key)
         if tid is None:
             return
-        await client.set_task_run_state(uuid.UUID(tid), State(type=ptype, message=message), force=True)
+        await client.set_task_run_state(uuid.UUID(tid), State(type=StateType(ptype), message=message), force=True)
         del job["open"][key]
         if key.startswith("run:"):
             job.setdefault("closed", []).append(key)
@@ -649,7 +651,9 @@ class PrefectBridge:
         SQLite server about 20 ms); they live in memory until sent, so a crash of the bridge
         can lose some (the task run states carry the same facts).
         """
-        rows = self._pending_logs.pop(flow_run_id, None) if flow_run_id else None
+        if not flow_run_id:
+            return
+        rows = self._pending_logs.pop(flow_run_id, None)
         if not rows:
             return
         try:

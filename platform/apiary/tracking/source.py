@@ -10,8 +10,11 @@ seconds, "jobId": "user~name", "type": str, "data": dict}``, ordered by ``seq``.
 :mod:`apiary.tracking.bridge` for what each becomes in Prefect).
 
 Errors: implementations raise :class:`~apiary.errors.UnavailableError` when Apiary cannot be
-reached or answers 5xx (the bridge retries later), :class:`~apiary.errors.NotFoundError` for
-an unknown job and :class:`~apiary.errors.UserError` for other 4xx answers.
+reached, and for an error answer the class :func:`~apiary.errors.error_from_response` gives
+(the one mapping the CLI and the ``apiary-job`` flow use too): a
+:class:`~apiary.errors.PlatformError` for 5xx (:class:`~apiary.errors.UnavailableError` for
+503; the bridge retries every PlatformError later), :class:`~apiary.errors.NotFoundError` for
+an unknown job and another :class:`~apiary.errors.UserError` for other 4xx answers.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
-from apiary.errors import NotFoundError, UnavailableError, UserError
+from apiary.errors import NotFoundError, UnavailableError, error_from_response
 
 logger = logging.getLogger(__name__)
 
@@ -57,18 +60,8 @@ class JobEventSource(Protocol):
 
 
 def _raise_for(resp: httpx.Response, what: str) -> None:
-    if resp.status_code < 400:
-        return
-    try:
-        body = resp.json()
-        message = body.get("message") or resp.text
-    except ValueError:
-        message = resp.text
-    if resp.status_code == 404:
-        raise NotFoundError(f"{what}: {message}")
-    if resp.status_code >= 500:
-        raise UnavailableError(f"{what}: HTTP {resp.status_code}: {message}")
-    raise UserError(f"{what}: HTTP {resp.status_code}: {message}")
+    if resp.status_code >= 400:
+        raise error_from_response(resp.status_code, resp.content, what)
 
 
 class HttpEventSource:

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from apiary.errors import ApiaryError, ConflictError, NotFoundError, UnavailableError, UserError
+from apiary.errors import ApiaryError, PlatformError, UnavailableError, UserError, error_from_response
 from apiary.tracking.source import API_PREFIX, FLOW_RUN_HEADER, USER_HEADER
 
 logger = logging.getLogger(__name__)
@@ -81,18 +81,9 @@ def _job_body(job: Any) -> tuple[bytes, str]:
 
 
 def _error(resp: httpx.Response, what: str) -> ApiaryError:
-    try:
-        message = resp.json().get("message") or resp.text
-    except ValueError:
-        message = resp.text
-    message = f"{what}: HTTP {resp.status_code}: {message}"
-    if resp.status_code == 404:
-        return NotFoundError(message)
-    if resp.status_code == 409:
-        return ConflictError(message)
-    if resp.status_code >= 500:
-        return UnavailableError(message)
-    return UserError(message)
+    """The shared mapping (:func:`~apiary.errors.error_from_response`): 409 is a ConflictError
+    (the job already exists), every 5xx a PlatformError (try again later)."""
+    return error_from_response(resp.status_code, resp.content, what)
 
 
 def job_id_of(job: Any, user: str) -> str:
@@ -117,8 +108,9 @@ async def submit_job(
 ) -> str:
     """POST the job; return its id (``user~name``).
 
-    Raises :class:`~apiary.errors.UserError` (or a subclass) for a 4xx answer (the message is
-    Apiary's), :class:`~apiary.errors.UnavailableError` for 5xx or no answer.
+    Raises :class:`~apiary.errors.UserError` (or a subclass: ConflictError when the job already
+    exists) for a 4xx answer (the message is Apiary's), :class:`~apiary.errors.PlatformError` for
+    5xx (UnavailableError for 503) and :class:`~apiary.errors.UnavailableError` for no answer.
     """
     body, ctype = _job_body(job)
     headers = {USER_HEADER: user, "Content-Type": ctype}
@@ -141,8 +133,8 @@ async def wait_for_job(
     """Poll ``GET /jobs/{id}`` every ``poll_s`` s until a final state; return the job JSON.
 
     Unreachable/5xx answers are retried (Apiary may restart while the job runs); a 404
-    raises :class:`~apiary.errors.NotFoundError`; ``timeout_s`` (None: no limit) raises
-    :class:`~apiary.errors.UnavailableError`.
+    raises :class:`~apiary.errors.NotFoundError` (another 4xx its UserError); ``timeout_s``
+    (None: no limit) raises :class:`~apiary.errors.UnavailableError`.
     """
     t0 = time.monotonic()
     last_state = None
@@ -151,7 +143,7 @@ async def wait_for_job(
             resp = await client.get(f"{API_PREFIX}/jobs/{job_id}")
             if resp.status_code >= 400:
                 err = _error(resp, f"job id={job_id}")
-                if not isinstance(err, UnavailableError):
+                if not isinstance(err, PlatformError):  # 4xx: waiting longer will not help
                     raise err
                 logger.warning("apiary answered status=%s; still waiting id=%s", resp.status_code, job_id)
             else:
@@ -192,7 +184,10 @@ async def submit_and_wait(
 
 
 async def run_scheduler_cycle(client: httpx.AsyncClient) -> dict:
-    """``POST /api/v2/scheduler/cycle`` -> ``{"placed", "preempted", "waiting", "durationMs"}``."""
+    """``POST /api/v2/scheduler/cycle`` -> ``{"placed", "preempted", "waiting", "durationMs"}``.
+
+    Raises :class:`~apiary.errors.UnavailableError` for no answer and :func:`_error`'s class for an
+    error answer (a PlatformError for 5xx)."""
     try:
         resp = await client.post(f"{API_PREFIX}/scheduler/cycle")
     except httpx.HTTPError as exc:

@@ -1,0 +1,7 @@
+"""The API's routers, one per resource; :func:`apiary.api.create_app` includes them all."""
+
+from apiary.api.routers import agents, alerts, cluster, jobs, nodes
+
+ALL = (jobs.router, cluster.router, nodes.router, alerts.router, agents.router)
+
+__all__ = ["ALL"]

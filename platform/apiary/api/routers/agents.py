@@ -1,0 +1,71 @@
+"""Node-agent routes: heartbeats with run statuses, the assignments long poll, log upload, and
+simulated-GPU faults queued for an agent."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
+
+from apiary.api.deps import Plane, Waiters
+from apiary.api.schemas import ERROR_RESPONSES, Assignments, Fault, FaultRequest, LogAppended, NodeReport, NodeReportAck
+from apiary.errors import ValidationError
+
+router = APIRouter(prefix="/api/v2/nodes/{node}", tags=["node agents"], responses=ERROR_RESPONSES)
+
+_LOG_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "Raw bytes of the stream from byte `offset` on.",
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
+
+
+@router.post("/status", response_model=NodeReportAck)
+def node_status(node: str, report: NodeReport, plane: Plane) -> dict:
+    """The agent's heartbeat and its runs' statuses (idempotent)."""
+    return plane.node_report(
+        node,
+        gpus=report.gpus,
+        simulated_gpus=report.simulatedGpus,
+        address=report.address,
+        agent_id=report.agentId,
+        runs=[r.model_dump() for r in report.runs],
+        metrics_url=report.metricsUrl,
+        faults_applied=report.faultsApplied,
+    )
+
+
+# Fault and assignment dicts carry only the fault kinds that were given; exclude_unset keeps it so
+# (the agent passes every other key of a fault to the GPU simulator).
+@router.post("/faults", response_model=Fault, response_model_exclude_unset=True)
+def node_fault(node: str, body: FaultRequest, plane: Plane) -> dict:
+    """Queue a fault for the node's simulated GPUs; its agent applies it on its next long poll."""
+    if body.clear:
+        return plane.inject_fault(node, body.gpu, clear=True)
+    kinds = {"ecc_dbe": body.eccDbe, "ecc_sbe": body.eccSbe, "xid": body.xid, "temp": body.temp}
+    if not any(v is not None for v in kinds.values()):
+        raise ValidationError("eccDbe", "give one of eccDbe, eccSbe, xid, temp or clear")
+    return plane.inject_fault(node, body.gpu, **kinds)
+
+
+@router.get("/assignments", response_model=Assignments, response_model_exclude_unset=True)
+async def assignments(
+    node: str, plane: Plane, waiters: Waiters, generation: int | None = None, wait: float = Query(default=0, le=60)
+) -> dict:
+    """Long poll: answers when the node's generation differs from ``generation`` or after ``wait`` s."""
+    if generation is not None and wait > 0 and plane.node_generation(node) == generation:
+        await waiters.wait(node, wait)
+    gen = plane.node_generation(node)  # read first: a change after it makes the agent poll again at once
+
+    def read() -> dict:  # in a worker thread: both wait for the plane's lock, which a cycle may hold
+        return {"generation": gen, "assignments": plane.assignments(node), "faults": plane.node_faults(node)}
+
+    return await run_in_threadpool(read)
+
+
+@router.post("/logs", response_model=LogAppended, openapi_extra=_LOG_BODY)
+async def node_logs(node: str, request: Request, plane: Plane, runId: str, stream: str, offset: int) -> dict:
+    """Raw log bytes of one run's stream starting at byte ``offset`` (idempotent on resend)."""
+    data = await request.body()
+    return {"size": await run_in_threadpool(plane.append_log, runId, stream, offset, data)}

@@ -1,0 +1,40 @@
+"""Scheduler and cluster routes: run a cycle, the scheduler's view, apply a changed cluster config."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+
+from apiary.api.deps import Plane
+from apiary.api.schemas import ERROR_RESPONSES, ClusterStatus, CycleResultJson, ReconfigureResult
+
+router = APIRouter(prefix="/api/v2", tags=["cluster"], responses=ERROR_RESPONSES)
+
+_CONFIG_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "A HiveD cluster config (YAML), bare or wrapped in OpenPAI's `hivedscheduler: config: |`.",
+        "content": {"text/yaml": {"schema": {"type": "string"}}},
+    }
+}
+
+
+@router.post("/scheduler/cycle", response_model=CycleResultJson)
+def cycle(plane: Plane) -> dict:
+    """Run one scheduling cycle now (the scheduling loop runs them on its own too)."""
+    return plane.cycle().to_dict()
+
+
+@router.get("/cluster/status", response_model=ClusterStatus)
+def cluster_status(plane: Plane, vc: str | None = None) -> dict:
+    """The scheduler's view: VCs (quota / used / free / opportunistic / bad cells per level),
+    nodes, groups' placements, reservations; ``vc`` narrows it to one virtual cluster (404 if unknown)."""
+    return plane.cluster_status(vc)
+
+
+@router.put("/cluster/config", response_model=ReconfigureResult, openapi_extra=_CONFIG_BODY)
+async def cluster_config(request: Request, plane: Plane) -> dict:
+    """Apply a changed HiveD config with jobs running (see ``ControlPlane.reconfigure``); an illegal
+    config is a 400 naming the field (the checks of ``apiary.control.config.check_cluster_config``)
+    and changes nothing."""
+    return await run_in_threadpool(plane.reconfigure, await request.body())

@@ -1,0 +1,22 @@
+"""Node routes for people and tools: the node list and cordoning."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from apiary.api.deps import Plane
+from apiary.api.schemas import ERROR_RESPONSES, CordonRequest, NodeJson
+
+router = APIRouter(prefix="/api/v2", tags=["nodes"], responses=ERROR_RESPONSES)
+
+
+@router.get("/nodes", response_model=list[NodeJson])
+def nodes(plane: Plane) -> list[dict]:
+    """Every node of the cluster config, with its agent's last report and the GPUs in use."""
+    return plane.list_nodes()
+
+
+@router.put("/nodes/{node}/cordon", response_model=NodeJson)
+def cordon(node: str, body: CordonRequest, plane: Plane) -> dict:
+    """``{"value": true}`` cordons the node (no new placements), ``false`` uncordons it."""
+    return plane.cordon(node, body.value)

@@ -1,0 +1,349 @@
+"""The REST API's request and response bodies (pydantic), as ``/openapi.json`` and ``/docs`` show them.
+
+Field names are the wire names, camelCase as OpenPAI's REST server spells them, except where the
+node agent's own snake_case records travel (``RunStatus``, ``TaskLaunch``, fault kinds). Response
+models mirror the dicts that :class:`~apiary.control.ControlPlane` and
+:class:`~apiary.ops.alerts.AlertReceiver` return; the routes hand those dicts to FastAPI, which
+validates and serializes them through these models. Times are ISO 8601 UTC strings
+(``2023-11-14T22:13:20.000Z``) where the field ends in ``Time``, unix seconds (float) otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+# ============================================================================ errors
+
+
+class ErrorBody(BaseModel):
+    """Every error answer (4xx/5xx): the :mod:`apiary.errors` class's code and message."""
+
+    code: str = Field(description="OpenPAI-style error code: InvalidParametersError, NoJobError, ConflictJobError, ...")
+    message: str = Field(description="What went wrong; for a bad field it starts with the field's path.")
+    field: str | None = Field(
+        default=None,
+        description="Only for InvalidParametersError from a ValidationError: the dotted path of the offending "
+        "field ('' when none applies).",
+    )
+
+
+# ============================================================================ requests
+
+
+class ExecutionType(BaseModel):
+    value: str = Field(description="STOP (OpenPAI's executionType); START is not supported for a submitted job.")
+
+
+class CordonRequest(BaseModel):
+    value: bool = Field(description="true: no new placements on the node; false: schedulable again.")
+
+
+class FlowRunRef(BaseModel):
+    id: str = Field(description="The Prefect flow run id the job's task runs and logs are attached to.")
+
+
+class RunStatus(BaseModel):
+    """One task run as the node's runtime backend sees it (``apiary.runtime.TaskStatus``)."""
+
+    run_id: str
+    state: str = Field(description="running | exited")
+    exit_code: int | None = None
+    pid: int | None = None
+    started_at: float | None = Field(default=None, description="Unix seconds.")
+    finished_at: float | None = Field(default=None, description="Unix seconds.")
+    lost: bool = Field(default=False, description="Exited without a recorded exit code (a platform failure).")
+    stopped: bool = Field(default=False, description="Ended because the control plane asked it to stop.")
+
+
+class FaultRequest(BaseModel):
+    """A simulated-GPU fault, like DCGM's error injection (dcgmi test --inject)."""
+
+    gpu: int
+    eccDbe: int | None = Field(default=None, description="Add N double-bit ECC errors.")
+    eccSbe: int | None = Field(default=None, description="Add N single-bit ECC errors.")
+    xid: int | None = Field(default=None, description="Raise XID error CODE.")
+    temp: float | None = Field(default=None, description="Force the temperature, Celsius.")
+    clear: bool = Field(default=False, description="Reset the GPU's faults.")
+
+
+class NodeReport(BaseModel):
+    """A node agent's heartbeat with the statuses of its runs (``POST /api/v2/nodes/{node}/status``)."""
+
+    metricsUrl: str | None = Field(default=None, description="The agent's /metrics URL for this node.")
+    agentId: str
+    gpus: int = 0
+    simulatedGpus: bool = False
+    address: str = "127.0.0.1"
+    runs: list[RunStatus] = []
+    faultsApplied: int | None = Field(
+        default=None,
+        description="The agent's high-water mark: the highest fault id it has applied (None: not reported).",
+    )
+
+
+# ============================================================================ jobs
+
+
+class RetryDetails(BaseModel):
+    user: int = Field(description="Retries that count against jobRetryCount (the job's own failures).")
+    platform: int = Field(description="Retries for platform causes (preemption, lost node); not counted.")
+
+
+class TaskJson(BaseModel):
+    """One task instance of the job's current attempt."""
+
+    taskRole: str
+    index: int
+    attempt: int = Field(description="The job attempt this task belongs to.")
+    taskAttempt: int = Field(description="Retries of this instance within the attempt (task_retry).")
+    state: str = Field(description="WAITING | STARTING | RUNNING | SUCCEEDED | FAILED | STOPPED")
+    node: str | None
+    gpus: list[int] = Field(description="GPU indices on the node.")
+    simulatedGpus: bool | None = Field(description="The node advertises the config's GPUs without having them.")
+    exitCode: int | None
+    exitPhrase: str | None
+    startTime: str | None
+    completionTime: str | None
+
+
+class JobJson(BaseModel):
+    """A job as OpenPAI's REST server shows it, with Apiary's additions (retryDetails, tasks, ...)."""
+
+    id: str = Field(description="user~name")
+    name: str
+    user: str
+    virtualCluster: str
+    priorityClass: str
+    priority: int
+    gang: bool
+    state: str = Field(description="WAITING | RUNNING | SUCCEEDED | FAILED | STOPPED")
+    executionType: str = Field(description="START | STOP")
+    attempt: int = Field(description="The current attempt, 0-based.")
+    retries: int = Field(description="user + platform retries")
+    retryDetails: RetryDetails
+    submissionTime: str
+    launchTime: str | None
+    completionTime: str | None
+    exitCode: int | None
+    exitPhrase: str | None
+    waitingReason: str | None = Field(description="Why the job is not (fully) placed; None once placed.")
+    flowRunId: str | None = Field(description="The Prefect flow run the job is mirrored into.")
+    tags: list[str]
+    tasks: list[TaskJson]
+
+
+class EventJson(BaseModel):
+    seq: int = Field(description="Position in the event log (the bridge's cursor).")
+    time: float = Field(description="Unix seconds.")
+    jobId: str
+    type: str = Field(description="job.submitted | job.waiting | job.placed | task.started | task.exited | ...")
+    data: dict[str, Any] = Field(description="Free-form: what the event type records.")
+
+
+class EventsPage(BaseModel):
+    events: list[EventJson] = Field(description="Events with seq > after, ordered by seq.")
+
+
+# ============================================================================ scheduler and cluster
+
+
+class CycleResultJson(BaseModel):
+    """What one scheduling cycle decided."""
+
+    placed: list[str] = Field(description="Jobs placed in this cycle.")
+    preempted: list[str] = Field(description="Jobs preempted (their attempts stopped) in this cycle.")
+    waiting: dict[str, str] = Field(description="job -> why it waits.")
+    durationMs: float
+
+
+class VcCells(BaseModel):
+    total: int
+    bound: int = Field(description="Virtual cells bound to physical cells.")
+    free: int
+
+
+class VcStatus(BaseModel):
+    """One virtual cluster; counts are leaf cells unless said otherwise."""
+
+    quota: int
+    used: int = Field(description="By its guaranteed groups.")
+    free: int
+    reserved: int = Field(description="Held for preemptors.")
+    opportunisticUsed: int = Field(description="By its opportunistic groups, anywhere.")
+    badCells: int = Field(description="Its bound leaves on unhealthy nodes.")
+    doomedBadCells: int = Field(description="Virtual cells only bad hardware can satisfy.")
+    cells: dict[str, VcCells] = Field(description='"<chain>/<level>" -> virtual cells at that level.')
+
+
+class NodeCells(BaseModel):
+    leafCells: int
+    healthy: bool
+    used: dict[str, int] = Field(description="group -> leaf cells it uses on the node.")
+
+
+class GroupPlacement(BaseModel):
+    task: str = Field(description="taskRole[index]")
+    node: str
+    leafCells: list[int]
+
+
+class GroupStatus(BaseModel):
+    vc: str
+    priority: int = Field(description="Negative: opportunistic.")
+    downgraded: bool = Field(description="Lazily preempted: a guaranteed group running as opportunistic.")
+    placements: list[GroupPlacement]
+
+
+class ReservationStatus(BaseModel):
+    priority: int
+    victims: list[str] = Field(description="Groups whose cells are reserved.")
+    cells: list[str] = Field(description='"<node>/<leaf index>"')
+
+
+class ClusterStatus(BaseModel):
+    """The scheduler's view (``HivedScheduler.status``); ``?vc=`` narrows VCs, groups, nodes and reservations."""
+
+    virtualClusters: dict[str, VcStatus]
+    physical: dict[str, dict[str, int]] = Field(description='chain -> {"<level>": free physical cells}.')
+    nodes: dict[str, NodeCells]
+    groups: dict[str, GroupStatus]
+    reservations: dict[str, ReservationStatus]
+
+
+class ReconfigureResult(BaseModel):
+    kept: list[str] = Field(description="Jobs that keep running untouched.")
+    stopped: dict[str, str] = Field(description="job -> why its attempt was stopped (retried as a platform retry).")
+
+
+# ============================================================================ nodes
+
+
+class NodeJson(BaseModel):
+    name: str
+    gpus: int
+    simulatedGpus: bool | None = Field(description="None until the node's agent reported.")
+    healthy: bool
+    ready: bool = Field(description="Its agent reports (healthy).")
+    cordoned: bool
+    schedulable: bool = Field(description="New work may be placed on it: ready and not cordoned.")
+    address: str | None
+    skuType: str
+    gpusUsed: int
+    lastHeartbeat: str | None
+    metricsUrl: str | None
+
+
+class NodeReportAck(BaseModel):
+    ack: list[str] = Field(description="Runs whose final status is recorded: the agent may forget them.")
+
+
+class Fault(BaseModel):
+    """A queued simulated-GPU fault. Only the kinds that were given are present."""
+
+    id: int = Field(description="Increasing, never repeated: the agent applies ids above its high-water mark.")
+    gpu: int
+    ecc_dbe: int | None = None
+    ecc_sbe: int | None = None
+    xid: int | None = None
+    temp: float | None = None
+    clear: bool | None = None
+
+
+class TaskLaunch(BaseModel):
+    """Everything the agent needs to start the run (``apiary.runtime.TaskLaunch``'s fields)."""
+
+    run_id: str
+    job_id: str
+    user: str
+    job_name: str
+    task_role: str
+    index: int
+    commands: list[str]
+    env: dict[str, str] = Field(description="OpenPAI's PAI_* environment.")
+    gpus: list[int]
+    image: str | None
+    cpu: int
+    memory_mb: int
+
+
+class TaskLabels(BaseModel):
+    """The labels of the node's task metrics (``apiary_task_*``)."""
+
+    job: str
+    user: str
+    virtual_cluster: str
+    task_role: str
+    index: str
+
+
+class Assignment(BaseModel):
+    runId: str
+    desired: Literal["RUN", "STOP"]
+    launch: TaskLaunch
+    probes: dict[str, dict[str, Any]] = Field(
+        description="Free-form: livenessProbe / readinessProbe (Kubernetes shapes), each present only if set."
+    )
+    labels: TaskLabels
+
+
+class Assignments(BaseModel):
+    generation: int = Field(description="Pass it back as ?generation= to long-poll for the next change.")
+    assignments: list[Assignment] = Field(description="Runs the node must run or stop now; others must not run.")
+    faults: list[Fault] = Field(description="Queued simulated-GPU faults, oldest first.")
+
+
+class LogAppended(BaseModel):
+    size: int = Field(description="Bytes of the run's stream now stored.")
+
+
+# ============================================================================ alerts
+
+
+class AlertActionResult(BaseModel):
+    alertname: str
+    action: str
+    target: str
+    status: str = Field(description="ok | failed | skipped (running while the action runs)")
+    detail: str
+
+
+class WebhookResult(BaseModel):
+    actions: list[AlertActionResult] = Field(description="The actions run for this delivery.")
+
+
+class AlertJson(BaseModel):
+    alertname: str
+    status: str = Field(description="firing | resolved")
+    severity: str | None
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    startsAt: str
+    fingerprint: str
+
+
+class AlertActionRecord(AlertActionResult):
+    time: float = Field(description="Unix seconds of the last try.")
+
+
+class AlertsPage(BaseModel):
+    alerts: list[AlertJson] = Field(description="Newest first.")
+    actions: list[AlertActionRecord] = Field(description="Newest first.")
+
+
+# ============================================================================ process
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    pid: int
+    startedAt: float = Field(description="Unix seconds.")
+
+
+#: Documented on every route: errors answer ErrorBody (FastAPI's own 422 shape is never sent; a
+#: malformed request is a 400 naming the field).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    "4XX": {"model": ErrorBody, "description": "The request is wrong (400 names the field; 404, 409, 429)."},
+    "5XX": {"model": ErrorBody, "description": "Apiary failed; the request may succeed later (503: retry)."},
+}
