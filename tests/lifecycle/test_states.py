@@ -45,11 +45,9 @@ EXPECTED_TASK_EDGES = {
     (T.STARTING, T.RUNNING),
     (T.STARTING, T.FAILED),
     (T.STARTING, T.STOPPED),
-    (T.STARTING, T.WAITING),
     (T.RUNNING, T.SUCCEEDED),
     (T.RUNNING, T.FAILED),
     (T.RUNNING, T.STOPPED),
-    (T.RUNNING, T.WAITING),
 }
 
 
@@ -112,6 +110,8 @@ ILLEGAL_TASK_EDGES = [
     (T.WAITING, T.FAILED),
     (T.STARTING, T.SUCCEEDED),
     (T.RUNNING, T.STARTING),
+    (T.RUNNING, T.WAITING),  # a retry in place is a new record, not a way back
+    (T.STARTING, T.WAITING),
     (None, T.STARTING),
 ]
 

@@ -6,6 +6,8 @@
   Apiary issues.
 * :mod:`.policy`: the completion policy (minFailedInstances / minSucceededInstances) and the retry
   decisions (jobRetryCount / taskRetryCount), as pure functions.
+* :mod:`.reducer`: the lifecycle itself, ``step(job, input, now) -> Effects``, the one core the control
+  plane and the simulator both drive.
 """
 
 from apiary.lifecycle.exitspec import (
@@ -33,6 +35,9 @@ from apiary.lifecycle.policy import (
 from apiary.lifecycle.states import (
     JOB_TRANSITIONS,
     TASK_TRANSITIONS,
+    AttemptOutcome,
+    Desired,
+    ExecutionType,
     JobState,
     TaskState,
     check_job_transition,
@@ -51,6 +56,9 @@ __all__ = [
     "TASK_TRANSITIONS",
     "UNDEFINED_NEGATIVE_EXIT",
     "UNDEFINED_POSITIVE_EXIT",
+    "AttemptOutcome",
+    "Desired",
+    "ExecutionType",
     "ExitInfo",
     "JobState",
     "RetryDecision",

@@ -123,9 +123,9 @@ def evaluate_completion(
     """
     if not roles:
         raise ValueError("a job has at least one task role")
-    unknown = set(outcomes) - set(roles)
-    if unknown:
-        raise ValueError(f"outcomes for unknown task roles: {sorted(unknown)}")
+    for name in outcomes:
+        if name not in roles:
+            raise ValueError(f"outcomes for unknown task roles: {sorted(set(outcomes) - set(roles))}")
     empty = RoleOutcome()
     counts = {name: outcomes.get(name, empty) for name in roles}
     for name, outcome in counts.items():

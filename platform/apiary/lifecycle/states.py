@@ -10,7 +10,11 @@ happens; ``STATES.md`` next to this file is the same table for people, written l
 Final states (``SUCCEEDED``, ``FAILED``, ``STOPPED``) have no outgoing edge: a retry never reopens a
 finished job or task. A job retry ends the attempt while the job is still ``RUNNING``/``WAITING`` and
 moves it (back) to ``WAITING``; the new attempt's tasks are new task records. A task retried in place
-(OpenPAI ``taskRetryCount``) goes ``STARTING``/``RUNNING`` -> ``WAITING`` without passing a final state.
+(OpenPAI ``taskRetryCount``) keeps its record ``FAILED`` (the run that failed) and gets a new record for
+the next run of the same instance, created ``WAITING`` and at once ``STARTING`` on the same cells.
+
+The enums of the other lifecycle fields live here too: :class:`AttemptOutcome`, :class:`Desired` (what a
+node should do with a run) and :class:`ExecutionType` (OpenPAI's ``executionType``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ from apiary.errors import InvalidTransitionError
 __all__ = [
     "JOB_TRANSITIONS",
     "TASK_TRANSITIONS",
+    "AttemptOutcome",
+    "Desired",
+    "ExecutionType",
     "JobState",
     "TaskState",
     "check_job_transition",
@@ -52,7 +59,7 @@ class JobState(StrEnum):
     @property
     def is_final(self) -> bool:
         """True for ``SUCCEEDED``, ``FAILED`` and ``STOPPED``."""
-        return self in type(self).final_states()
+        return self in _FINAL_JOB_STATES
 
 
 class TaskState(StrEnum):
@@ -78,7 +85,56 @@ class TaskState(StrEnum):
     @property
     def is_final(self) -> bool:
         """True for ``SUCCEEDED``, ``FAILED`` and ``STOPPED``."""
-        return self in type(self).final_states()
+        return self in _FINAL_TASK_STATES
+
+
+# Built once: is_final is asked on every lifecycle step (the simulator replays 82k jobs).
+_FINAL_JOB_STATES = JobState.final_states()
+_FINAL_TASK_STATES = TaskState.final_states()
+
+
+class AttemptOutcome(StrEnum):
+    """How an attempt was decided (``attempts.outcome``); None while undecided.
+
+    ``SUCCEEDED`` / ``FAILED``: the completion policy. ``STOPPED``: a user stop. ``PREEMPTED``: a HiveD
+    preemption. ``NODE_LOST``: a node of the attempt stopped heart-beating. ``RECONFIGURED``: a new
+    cluster config cannot hold the attempt's cells. The last three are platform causes: their retry is
+    never counted against ``jobRetryCount``.
+    """
+
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+    PREEMPTED = "PREEMPTED"
+    NODE_LOST = "NODE_LOST"
+    RECONFIGURED = "RECONFIGURED"
+
+    @classmethod
+    def platform_causes(cls) -> frozenset[AttemptOutcome]:
+        """``{PREEMPTED, NODE_LOST, RECONFIGURED}``: outcomes the platform caused."""
+        return frozenset({cls.PREEMPTED, cls.NODE_LOST, cls.RECONFIGURED})
+
+    @property
+    def platform_cause(self) -> bool:
+        """True when the platform, not the job, ended the attempt (the retry is not counted)."""
+        return self in _PLATFORM_CAUSES
+
+
+_PLATFORM_CAUSES = AttemptOutcome.platform_causes()
+
+
+class Desired(StrEnum):
+    """What the node should do with a placed run (``tasks.desired``; the agents' ``desired``)."""
+
+    RUN = "RUN"
+    STOP = "STOP"
+
+
+class ExecutionType(StrEnum):
+    """OpenPAI's ``executionType`` of a job: ``START`` as submitted, ``STOP`` once the user stopped it."""
+
+    START = "START"
+    STOP = "STOP"
 
 
 _J = JobState
@@ -111,7 +167,10 @@ JOB_TRANSITIONS: Mapping[tuple[JobState | None, JobState], str] = MappingProxyTy
 #: ``(from, to) -> when it happens``. ``from`` is ``None`` when the task record is created.
 TASK_TRANSITIONS: Mapping[tuple[TaskState | None, TaskState], str] = MappingProxyType(
     {
-        (None, _T.WAITING): "the task instance is created for a new job attempt",
+        (None, _T.WAITING): (
+            "the task record is created: for each instance of a new job attempt, or for the next run of an "
+            "instance retried in place (taskRetryCount), which then moves to STARTING on the same cells at once"
+        ),
         (_T.WAITING, _T.STARTING): "the scheduler placed the task and it was sent to its node",
         (_T.WAITING, _T.STOPPED): (
             "the attempt ended before the task was placed (user stop, preemption of the job, a job retry, "
@@ -119,26 +178,22 @@ TASK_TRANSITIONS: Mapping[tuple[TaskState | None, TaskState], str] = MappingProx
         ),
         (_T.STARTING, _T.RUNNING): "the node reported that the task's process started",
         (_T.STARTING, _T.FAILED): (
-            "the process could not be started (launch failure), or its node was lost before it started; "
-            "the exit code says why"
+            "the process could not be started (launch failure); the exit code says why. If the task is "
+            "retried in place, this record stays FAILED and a new record runs the instance again"
         ),
         (_T.STARTING, _T.STOPPED): (
             "the task was killed before its process was reported started (user stop, preemption, a job "
             "retry ending the attempt, or the completion policy completed the attempt)"
         ),
-        (_T.STARTING, _T.WAITING): (
-            "the launch failed with a retryable code and the task is retried in place (taskRetryCount or a "
-            "transient code); it waits for placement again"
-        ),
         (_T.RUNNING, _T.SUCCEEDED): "the process exited with code 0",
-        (_T.RUNNING, _T.FAILED): "the process exited non-zero, or the platform ended it with a failure code",
+        (_T.RUNNING, _T.FAILED): (
+            "the process exited non-zero, or the platform ended it with a failure code (its node was lost: "
+            "-1001; a liveness probe failed: -300). If the task is retried in place, this record stays FAILED "
+            "and a new record runs the instance again"
+        ),
         (_T.RUNNING, _T.STOPPED): (
             "the process was killed by a user stop, a preemption, a job retry ending the attempt, or the "
             "completion policy completing the attempt"
-        ),
-        (_T.RUNNING, _T.WAITING): (
-            "the process ended with a retryable code and the task is retried in place (taskRetryCount, a "
-            "transient code, or this instance's node was lost); it waits for placement again"
         ),
     }
 )
@@ -146,18 +201,20 @@ TASK_TRANSITIONS: Mapping[tuple[TaskState | None, TaskState], str] = MappingProx
 
 def _coerce(enum: type[JobState] | type[TaskState], value: object, kind: str) -> JobState | TaskState:
     try:
-        return enum(value)
+        return enum(str(value))
     except ValueError:
         raise InvalidTransitionError(f"unknown {kind} state {value!r}") from None
 
 
 def _check(
     enum: type[JobState] | type[TaskState],
-    table: Mapping,
+    table: Mapping[tuple[JobState | None, JobState], str] | Mapping[tuple[TaskState | None, TaskState], str],
     old: object,
     new: object,
     kind: str,
 ) -> None:
+    if (old, new) in table:  # members (and their equal strings) hash like the keys
+        return
     old_state = None if old is None else _coerce(enum, old, kind)
     new_state = _coerce(enum, new, kind)
     if (old_state, new_state) not in table:
@@ -172,7 +229,8 @@ def check_job_transition(old: JobState | None, new: JobState) -> None:
     :class:`~apiary.errors.InvalidTransitionError` naming both states when the edge is not in the table,
     and for an unknown state name.
     """
-    _check(JobState, JOB_TRANSITIONS, old, new, "job")
+    if (old, new) not in JOB_TRANSITIONS:  # legal edges return here: this runs on every state change
+        _check(JobState, JOB_TRANSITIONS, old, new, "job")
 
 
 def check_task_transition(old: TaskState | None, new: TaskState) -> None:
@@ -182,4 +240,5 @@ def check_task_transition(old: TaskState | None, new: TaskState) -> None:
     :class:`~apiary.errors.InvalidTransitionError` naming both states when the edge is not in the table,
     and for an unknown state name.
     """
-    _check(TaskState, TASK_TRANSITIONS, old, new, "task")
+    if (old, new) not in TASK_TRANSITIONS:
+        _check(TaskState, TASK_TRANSITIONS, old, new, "task")
