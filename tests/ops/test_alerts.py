@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from tests.support.builders import LAB6, job_text
 
 from apiary.api import create_app
 from apiary.control import ControlPlane
-from apiary.demo.lab6 import LAB6, job_text
 from apiary.errors import ValidationError
 from apiary.ops.alerts import ActionsConfig, AlertmanagerPayload, AlertReceiver, Rule, SmtpConfig
 from apiary.spec.cluster import load_cluster_config

@@ -12,7 +12,7 @@ from sqlalchemy import inspect, select, text
 from apiary.store import Event, Job, make_engine, migrate, session_factory
 from apiary.store.models import Base
 
-HEAD = "0002"  # the newest Alembic revision
+HEAD = "0003"  # the newest Alembic revision
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def a_job(job_id: str = "alice~mnist") -> Job:
     return Job(
         id=job_id, user=user, name=name, virtual_cluster="default", priority_class="prod", priority=100, gang=True,
         spec_yaml="name: mnist\n", state="WAITING", execution_type="START", attempt=0, retries_user=0,
-        retries_platform=0, submission_time=1.5,
+        retries_platform=0, submission_time=1.5, submit_seq=1,
     )
 
 

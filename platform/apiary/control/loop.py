@@ -10,6 +10,7 @@ import logging
 import threading
 
 from apiary.control.plane import ControlPlane
+from apiary.errors import UnavailableError
 from apiary.monitoring.platform_metrics import observe_cycle
 
 logger = logging.getLogger(__name__)
@@ -48,5 +49,9 @@ class SchedulingLoop:
                     logger.info(
                         "cycle placed=%s preempted=%s ms=%.1f", result.placed, result.preempted, result.duration_ms
                     )
-            except Exception:  # keep scheduling; the failed cycle's transaction was rolled back
+            except UnavailableError as e:  # the store refuses commits (disk full, database gone)
+                # Nothing of the failed step was applied to memory (commit, then apply), so the next
+                # cycle starts from the store's truth once it accepts writes again.
+                logger.warning("scheduling cycle failed: %s", e.message)
+            except Exception:  # keep scheduling; the plane rebuilt its scheduler if memory was in doubt
                 logger.exception("scheduling cycle failed")

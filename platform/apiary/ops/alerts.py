@@ -22,11 +22,10 @@ from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy.exc import IntegrityError
 
 from apiary.errors import ApiaryError, ValidationError
 from apiary.ops.notifiers import ChatWebhookNotifier, EmailNotifier, Notifier
-from apiary.store.models import Alert, AlertAction
+from apiary.store.models import Alert
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +114,9 @@ class ActionsConfig(BaseModel):
 class AlertReceiver:
     """Records alerts and runs their actions against a :class:`~apiary.control.ControlPlane`.
 
+    Every write goes through the plane (its lock and transactions: the plane is the store's only
+    writer): :meth:`ControlPlane.record_alert`, ``claim_alert_action`` and ``finish_alert_action``.
+
     ``notifiers`` maps ``"email"`` / ``"chat"`` to :class:`Notifier` objects (built from the
     config when not given, so tests can pass their own).
     """
@@ -158,17 +160,11 @@ class AlertReceiver:
 
     def recent(self, limit: int = 100) -> list[dict]:
         """Newest stored alerts first."""
-        with self.plane._sessions() as s:
-            rows = s.query(Alert).order_by(Alert.id.desc()).limit(limit).all()
-            return [{"alertname": r.alertname, "status": r.status, "severity": r.severity, "labels": r.labels,
-                     "annotations": r.annotations, "startsAt": r.starts_at, "fingerprint": r.fingerprint}
-                    for r in rows]
+        return self.plane.recent_alerts(limit)
 
     def recent_actions(self, limit: int = 100) -> list[dict]:
-        with self.plane._sessions() as s:
-            rows = s.query(AlertAction).order_by(AlertAction.id.desc()).limit(limit).all()
-            return [{"alertname": r.alertname, "action": r.action, "target": r.target, "status": r.status,
-                     "detail": r.detail, "time": r.time} for r in rows]
+        """Newest action runs first: ``{alertname, action, target, status, detail, time}``."""
+        return self.plane.recent_alert_actions(limit)
 
     def _actions_for(self, labels: dict[str, str]) -> list[str]:
         out: list[str] = []
@@ -178,15 +174,11 @@ class AlertReceiver:
         return out
 
     def _store(self, a: AlertmanagerAlert) -> Alert:
-        with self.plane._sessions() as s:
-            row = Alert(
-                fingerprint=a.fingerprint or "", alertname=a.labels.get("alertname", ""), status=a.status,
-                severity=a.labels.get("severity"), labels=a.labels, annotations=a.annotations,
-                starts_at=a.startsAt, ends_at=a.endsAt, received=self.clock(),
-            )
-            s.add(row)
-            s.commit()
-            return row
+        return self.plane.record_alert(
+            fingerprint=a.fingerprint or "", alertname=a.labels.get("alertname", ""), status=a.status,
+            severity=a.labels.get("severity"), labels=a.labels, annotations=a.annotations,
+            starts_at=a.startsAt, ends_at=a.endsAt, received=self.clock(),
+        )
 
     def _run_once(self, a: AlertmanagerAlert, action: str) -> dict | None:
         name, _, arg = action.partition(":")
@@ -195,32 +187,19 @@ class AlertReceiver:
         if target is None:
             return {"alertname": alertname, "action": action, "target": "", "status": "skipped",
                     "detail": f"alert has no {'node' if name == 'cordon-node' else 'job'} label"}
-        with self.plane._sessions() as s:
-            record = AlertAction(fingerprint=a.fingerprint, starts_at=a.startsAt, alertname=alertname,
-                                 action=action, target=target, status="running", detail="", time=self.clock())
-            s.add(record)
-            try:
-                s.commit()  # claims the (alert, action, target): a resend stops here
-            except IntegrityError:
-                s.rollback()
-                existing = s.query(AlertAction).filter_by(
-                    fingerprint=a.fingerprint, starts_at=a.startsAt, action=action, target=target).one()
-                if existing.status != "failed":
-                    return None
-                record = existing  # a failed action is tried again on resend
-            try:
-                detail = self._do(name, arg, target, a)
-                record.status, record.detail = "ok", detail
-            except ApiaryError as e:
-                record.status, record.detail = "failed", e.message
-                logger.warning("alert action failed alert=%s action=%s target=%s: %s", alertname, action, target,
-                               e.message)
-            record.time = self.clock()
-            s.commit()
-            logger.info("alert action alert=%s action=%s target=%s status=%s", alertname, action, target,
-                        record.status)
-            return {"alertname": alertname, "action": action, "target": target, "status": record.status,
-                    "detail": record.detail}
+        key = {"fingerprint": a.fingerprint, "starts_at": a.startsAt, "action": action, "target": target}
+        # The claim is committed before the action runs: a resend stops here (a failed run is retried).
+        if not self.plane.claim_alert_action(alertname=alertname, **key):
+            return None
+        try:
+            detail, status = self._do(name, arg, target, a), "ok"
+        except ApiaryError as e:
+            detail, status = e.message, "failed"
+            logger.warning("alert action failed alert=%s action=%s target=%s: %s", alertname, action, target,
+                           e.message)
+        self.plane.finish_alert_action(status=status, detail=detail, **key)
+        logger.info("alert action alert=%s action=%s target=%s status=%s", alertname, action, target, status)
+        return {"alertname": alertname, "action": action, "target": target, "status": status, "detail": detail}
 
     def _target(self, name: str, arg: str, labels: dict[str, str]) -> str | None:
         if name == "cordon-node":

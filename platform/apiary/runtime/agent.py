@@ -27,6 +27,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -34,6 +35,9 @@ from apiary.errors import PlatformError, ValidationError
 from apiary.lifecycle import EXIT_LAUNCH_FAILED, EXIT_LIVENESS_FAILED
 from apiary.runtime.base import RuntimeBackend, TaskLaunch, TaskStatus
 from apiary.runtime.probes import Prober, monotonic_from_wall, probes_from_wire
+
+if TYPE_CHECKING:  # imported for real in run_agents: agents without metrics never load it
+    from apiary.monitoring import NodeExporter
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +82,7 @@ class NodeAgent:
         self._report_now = asyncio.Event()
         self._last_beat = 0.0
         self.metrics_url = metrics_url
-        self.exporter = None  # a NodeExporter, set by run_agents when metrics are served
+        self.exporter: NodeExporter | None = None  # set by run_agents when metrics are served
         self._labels: dict[str, dict] = {}  # run_id -> metric labels and gpus, from the assignments
         self._faults_applied = 0
         self.prober = Prober()  # Kubernetes-style liveness / readiness probes of running tasks
@@ -267,6 +271,8 @@ class NodeAgent:
             "gpus": self.gpus,
             "simulatedGpus": self.simulated_gpus,
             "address": self.address,
+            # The high-water mark of applied fault ids: the control plane drops those from its queue.
+            "faultsApplied": self._faults_applied or None,
             "runs": [
                 {
                     "run_id": s.run_id, "state": s.state, "exit_code": s.exit_code, "pid": s.pid,

@@ -43,6 +43,9 @@ class Job(Base):
     flow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # Free-form tags set by alert actions (OpenPAI's alert handler "tag-jobs"), e.g. "low-gpu-util".
     tags: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    # Arrival order (1, 2, ...): FIFO's tie-break between jobs submitted at the same time, the same
+    # rule the simulator follows.
+    submit_seq: Mapped[int] = mapped_column(Integer, index=True)
 
 
 class Attempt(Base):
@@ -124,7 +127,15 @@ class Event(Base):
 
 
 class Node(Base):
-    """A node as its agent last reported it."""
+    """A node: what its agent last reported, and the operator's cordon.
+
+    ``healthy``: its agent reports (False once it missed heartbeats for ``APIARY_NODE_LOST_AFTER_S``;
+    kept across control-plane restarts, like a Kubernetes node's Ready condition). ``cordoned``: no new
+    placements (``kubectl cordon``). Whether the scheduler may place on it is derived from both by
+    :func:`apiary.control.nodes.schedulable`. ``last_heartbeat``: unix seconds, written at most every
+    few seconds (the control plane keeps the exact value in memory). ``metrics_url``: the agent's
+    ``/metrics``.
+    """
 
     __tablename__ = "nodes"
 
@@ -136,6 +147,26 @@ class Node(Base):
     cordoned: Mapped[bool] = mapped_column(Boolean, default=False)
     agent_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     last_heartbeat: Mapped[float | None] = mapped_column(Float, nullable=True)
+    metrics_url: Mapped[str | None] = mapped_column(String(400), nullable=True)
+
+
+class NodeFault(Base):
+    """A simulated-GPU fault queued for a node's agent (DCGM-style error injection).
+
+    ``id`` never repeats, not even after rows are deleted or the control plane restarts (SQLite
+    AUTOINCREMENT, a PostgreSQL sequence): the agent applies each fault once, those above its
+    high-water mark. A row is deleted once the agent reports it applied (``faultsApplied``).
+    ``fault``: ``{"ecc_dbe": n}``, ``{"xid": code}``, ``{"temp": c}``, ``{"clear": true}``, ...
+    """
+
+    __tablename__ = "node_faults"
+    __table_args__ = {"sqlite_autoincrement": True}
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    node: Mapped[str] = mapped_column(String(200), index=True)
+    gpu: Mapped[int] = mapped_column(Integer)
+    fault: Mapped[dict] = mapped_column(JSON)
+    created: Mapped[float] = mapped_column(Float)
 
 
 class Alert(Base):

@@ -11,7 +11,10 @@ config = context.config
 
 connection = config.attributes.get("connection")
 if connection is None:  # alembic CLI
-    engine = create_engine(config.get_main_option("sqlalchemy.url"))
+    url = config.get_main_option("sqlalchemy.url")
+    if not url:
+        raise SystemExit("alembic: set sqlalchemy.url (the store's URL, e.g. sqlite:///home/apiary.db)")
+    engine = create_engine(url)
     with engine.begin() as connection:
         context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
         context.run_migrations()

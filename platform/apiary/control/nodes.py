@@ -1,0 +1,29 @@
+"""Node facts, derived once.
+
+A node's durable state is its ``nodes`` row (:class:`apiary.store.models.Node`): ``healthy`` (its agent
+reports), ``cordoned`` (the operator's ``kubectl cordon``), the last heartbeat and metrics URL, and
+its queued faults (``node_faults``). Whether the scheduler may place new work on a node is derived
+from the row by :func:`schedulable` and nowhere else; the scheduler's node health is only ever set
+to that value, after the commit that changed the row.
+"""
+
+from __future__ import annotations
+
+from apiary.store.models import Node
+
+#: A bare heartbeat from a known, healthy node is kept in memory; its time is written to the store
+#: at most this often (agents beat every 2 s per node, and committing each beat cost a third of a
+#: core at 128 nodes). Lost-node detection reads the in-memory time, which a restart resets to
+#: "now" (a fresh grace period), so the stored time is only what `node list` shows after a restart.
+HEARTBEAT_PERSIST_S = 10.0
+
+#: At most this many faults may wait for one node's agent (DCGM-style injection is a test tool; a
+#: runaway script must not grow the table without bound): more answer 429.
+MAX_QUEUED_FAULTS = 100
+
+
+def schedulable(row: Node | None) -> bool:
+    """True when the scheduler may place new work on the node: it has reported (``healthy``) and is
+    not cordoned. A node without a row has never reported. Kubernetes' equivalent is Ready and not
+    ``spec.unschedulable``."""
+    return row is not None and bool(row.healthy) and not bool(row.cordoned)

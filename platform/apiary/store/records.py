@@ -1,0 +1,180 @@
+"""Between the store's rows and the lifecycle's records (:mod:`apiary.lifecycle.reducer`).
+
+:func:`load_job` reads a job's row, its current attempt, the latest run of each instance and its
+unreleased placements into a :class:`LoadedJob`: a fresh :class:`~apiary.lifecycle.reducer.JobRecord`
+plus the rows it came from. The caller runs lifecycle steps on the record and hands each step's
+:class:`~apiary.lifecycle.reducer.Effects` to :meth:`LoadedJob.absorb`; :meth:`LoadedJob.write`
+then puts every change into the session (records into their rows, new attempts and runs as new
+rows, ``Allocate``/``Release`` operations as placement rows, events). Nothing is committed here: the
+caller commits, and only then applies the scheduler operations. A failed commit leaves nothing in
+memory to undo, because the record is rebuilt from the store for every transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from apiary.lifecycle import AttemptOutcome, Desired, ExecutionType, JobState, TaskState
+from apiary.lifecycle.reducer import (
+    Allocate,
+    AttemptRecord,
+    Effects,
+    JobPolicy,
+    JobRecord,
+    Release,
+    TaskRecord,
+)
+from apiary.store.models import Attempt, Event, Job, Placement, Task
+
+__all__ = ["LoadedJob", "attempt_record", "load_job", "task_record"]
+
+
+def task_record(row: Task) -> TaskRecord:
+    """The lifecycle record of one task row (enums restored from their stored strings)."""
+    return TaskRecord(
+        task_role=row.task_role, index=row.index, attempt=row.attempt, task_attempt=row.task_attempt,
+        state=TaskState(row.state), node=row.node, gpus=tuple(row.gpus or ()), desired=Desired(row.desired),
+        stop_reason=row.stop_reason, run_id=row.run_id, exit_code=row.exit_code, exit_phrase=row.exit_phrase,
+        pid=row.pid, placed_at=row.placed_at, started=row.started, finished=row.finished, latest=row.latest,
+    )
+
+
+def attempt_record(row: Attempt) -> AttemptRecord:
+    return AttemptRecord(
+        index=row.index, created=row.created, launched=row.launched, finished=row.finished,
+        outcome=AttemptOutcome(row.outcome) if row.outcome else None, exit_code=row.exit_code,
+        reason=row.reason, preempted_by=row.preempted_by,
+    )
+
+
+def _write_task(rec: TaskRecord, row: Task) -> None:
+    row.attempt, row.task_role, row.index, row.task_attempt = rec.attempt, rec.task_role, rec.index, rec.task_attempt
+    row.state = rec.state.value
+    row.node = rec.node
+    row.gpus = list(rec.gpus) if rec.node is not None else row.gpus
+    row.desired = rec.desired.value
+    row.stop_reason = rec.stop_reason
+    row.run_id = rec.run_id
+    row.exit_code, row.exit_phrase, row.pid = rec.exit_code, rec.exit_phrase, rec.pid
+    row.placed_at, row.started, row.finished = rec.placed_at, rec.started, rec.finished
+    row.latest = rec.latest
+
+
+def _write_job(rec: JobRecord, row: Job) -> None:
+    row.state = rec.state.value
+    row.execution_type = rec.execution_type.value
+    row.attempt = rec.attempt.index
+    row.retries_user, row.retries_platform = rec.retries_user, rec.retries_platform
+    row.launch_time, row.completion_time = rec.launch_time, rec.completion_time
+    row.exit_code, row.exit_phrase = rec.exit_code, rec.exit_phrase
+    row.waiting_reason = rec.waiting_reason
+
+
+def _write_attempt(rec: AttemptRecord, row: Attempt) -> None:
+    row.created, row.launched, row.finished = rec.created, rec.launched, rec.finished
+    row.outcome = rec.outcome.value if rec.outcome is not None else None
+    row.exit_code, row.reason, row.preempted_by = rec.exit_code, rec.reason, rec.preempted_by
+
+
+@dataclass
+class LoadedJob:
+    """A job's record and the rows it maps to, for one transaction (see the module docstring).
+
+    ``attempts`` / ``tasks``: every record seen in this transaction with its row (None: created by a
+    step, inserted by :meth:`write`). ``placements``: (attempt, taskRole, index) -> unreleased row.
+    """
+
+    record: JobRecord
+    row: Job
+    attempts: list[tuple[AttemptRecord, Attempt | None]]
+    tasks: list[tuple[TaskRecord, Task | None]]
+    placements: dict[tuple[int, str, int], Placement]
+    events: list[tuple[float, str, dict]] = field(default_factory=list)
+    ops: list = field(default_factory=list)
+
+    def absorb(self, fx: Effects, now: float) -> None:
+        """Remember what a step on :attr:`record` at ``now`` created, its events and its operations."""
+        if fx.new_attempt is not None:
+            self.attempts.append((fx.new_attempt, None))
+        self.tasks.extend((t, None) for t in fx.new_tasks)
+        self.events.extend((now, type_, data) for type_, data in fx.events)
+        self.ops.extend(fx.ops)
+
+    def write(self, s: Session, now: float) -> None:
+        """Put the record's changes, new rows, placement changes and events into ``s`` (no commit)."""
+        rec = self.record
+        _write_job(rec, self.row)
+        for i, (a, arow) in enumerate(self.attempts):
+            if arow is None:
+                arow = Attempt(job_id=rec.id, index=a.index)
+                s.add(arow)
+                self.attempts[i] = (a, arow)
+            _write_attempt(a, arow)
+        for i, (t, trow) in enumerate(self.tasks):
+            if trow is None:
+                trow = Task(job_id=rec.id)
+                s.add(trow)
+                self.tasks[i] = (t, trow)
+            _write_task(t, trow)
+        for op in self.ops:
+            if isinstance(op, Allocate):
+                for p in op.placements:
+                    prow = Placement(job_id=rec.id, attempt=op.attempt, task_role=p.task_role, index=p.index,
+                                     node=p.node, leaf_cells=list(p.leaf_cell_indices), gpus=list(p.gpus),
+                                     created=now, released=False)
+                    s.add(prow)
+                    self.placements[(op.attempt, p.task_role, p.index)] = prow
+            elif isinstance(op, Release):
+                for key, prow in list(self.placements.items()):
+                    if key[0] == op.attempt and (op.instances is None or (key[1], key[2]) in op.instances):
+                        prow.released = True
+                        del self.placements[key]
+        self.ops = []
+        for t_, type_, data in self.events:
+            s.add(Event(time=t_, job_id=rec.id, type=type_, data=data))
+        self.events = []
+
+
+def load_job(s: Session, job_id: str, policy_of: Callable[[Job], JobPolicy]) -> LoadedJob | None:
+    """The job ``job_id`` as a fresh record with its rows, or None if there is no such job.
+    ``policy_of`` gives the job's :class:`JobPolicy` (the control plane caches them by job id)."""
+    row = s.get(Job, job_id)
+    if row is None:
+        return None
+    arow = s.get(Attempt, (job_id, row.attempt))
+    assert arow is not None, f"job {job_id} has no row for its attempt {row.attempt}"
+    trows = list(s.scalars(
+        select(Task).where(Task.job_id == job_id, Task.attempt == row.attempt, Task.latest.is_(True))
+        .order_by(Task.id)
+    ))
+    prows = s.scalars(select(Placement).where(Placement.job_id == job_id, Placement.released.is_(False)))
+    attempt = attempt_record(arow)
+    tasks: list[tuple[TaskRecord, Task | None]] = [(task_record(t), t) for t in trows]
+    record = JobRecord(
+        id=row.id, user=row.user, policy=policy_of(row), state=JobState(row.state), attempt=attempt,
+        tasks={t.key: t for t, _ in tasks}, submission_time=row.submission_time,
+        execution_type=ExecutionType(row.execution_type), retries_user=row.retries_user,
+        retries_platform=row.retries_platform, launch_time=row.launch_time, completion_time=row.completion_time,
+        exit_code=row.exit_code, exit_phrase=row.exit_phrase, waiting_reason=row.waiting_reason,
+    )
+    return LoadedJob(
+        record=record, row=row, attempts=[(attempt, arow)], tasks=tasks,
+        placements={(p.attempt, p.task_role, p.index): p for p in prows},
+    )
+
+
+def new_job_rows(s: Session, record: JobRecord, fx: Effects, now: float, **job_fields: object) -> LoadedJob:
+    """Rows for a job :func:`apiary.lifecycle.reducer.submit` just made: the job row (with the
+    ``job_fields`` the record does not carry: name, spec_yaml, ...), its attempt, tasks and events."""
+    row = Job(id=record.id, user=record.user, submission_time=record.submission_time, **job_fields)
+    _write_job(record, row)
+    s.add(row)
+    s.flush()  # the job row first: attempts and tasks refer to it (no ORM relationships order them)
+    loaded = LoadedJob(record=record, row=row, attempts=[(record.attempt, None)], tasks=[], placements={})
+    loaded.absorb(fx, now)
+    loaded.write(s, now)
+    return loaded
