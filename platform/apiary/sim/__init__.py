@@ -1,4 +1,6 @@
-"""``apiary.sim``: Apiary's trace-driven scheduler simulator (same scheduler, simulated clock and nodes).
+"""``apiary.sim``: Apiary's trace-driven simulator: the live platform's lifecycle core
+(:mod:`apiary.lifecycle.reducer`) and scheduler on a simulated clock with simulated nodes and agents.
+The simulator keeps only its clock, event heap, queues and trace handling.
 
 * :func:`replay` (``apiary sim trace``): a job trace on a cluster under ``hived``
   (:class:`apiary.scheduler.HivedScheduler`), ``quota`` and ``fifo`` (:mod:`apiary.sim.policies`).

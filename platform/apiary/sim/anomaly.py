@@ -207,8 +207,8 @@ class SharingAnomaly:
                 if ok:
                     n += 1
                     persist = False
-                elif shaped:
-                    f = (job.shape[0], job.shape[1], job.priority)  # type: ignore[index]
+                elif shaped and job.shape is not None:
+                    f = (job.shape[0], job.shape[1], job.priority)
                     fails.append(f)
                     if persist:
                         persisted.append(f)
@@ -223,7 +223,8 @@ class SharingAnomaly:
         return n
 
     @staticmethod
-    def _dominated(job: SimJob, fails) -> bool:
-        k, g = job.shape  # type: ignore[misc]
+    def _dominated(job: SimJob, fails: list[tuple[int, int, int]]) -> bool:
+        assert job.shape is not None  # only shaped gang jobs are asked
+        k, g = job.shape
         p = job.priority
         return any(fk <= k and fg <= g and fp >= p for fk, fg, fp in fails)

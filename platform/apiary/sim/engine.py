@@ -1,14 +1,22 @@
-"""The discrete-event core behind ``apiary sim``: simulated clock and nodes, the real scheduler.
+"""The discrete-event shell behind ``apiary sim``: a simulated clock, an event heap, simulated node
+agents, and scheduling passes over the real scheduler. The job lifecycle is not here: every job is a
+:class:`~apiary.lifecycle.reducer.JobRecord` driven by :func:`apiary.lifecycle.reducer.step`, the
+same core the live control plane runs, and its scheduler operations are applied at once.
 
-One code path for every policy: the engine holds the jobs and an event heap (task completions, node
-failures and recoveries, arrivals, in that order at equal times) and, after the events of one
-instant, runs scheduling passes the way :meth:`apiary.control.plane.ControlPlane.cycle` does: every
-job with instances to place, highest priority first, then by submission time, asks
-``scheduler.schedule(GroupRequest)`` and commits ``place`` with ``allocate``; ``preempt`` stops the
-victims (their attempt ends at once as PREEMPTED, cells released, platform retry from scratch); the
-next pass places the preemptor.  Passes repeat while something was released.
+Events at one instant apply in this order: task completions, node failures and recoveries,
+arrivals. Then scheduling passes run the way :meth:`apiary.control.plane.ControlPlane.cycle` does:
+every job with instances to place, highest priority first, then by submission time, then in arrival
+order, asks ``scheduler.schedule(GroupRequest)``; the answer goes into the core as :class:`Placed`,
+:class:`Waiting` or, for the victims, :class:`Preempted`. After each pass the simulated agents act,
+as a node agent does between two cycles: runs placed in the pass start now (and will exit 0 after
+the job's duration), runs told to stop exit now (a run never started exits without starting). Passes
+repeat until nothing changes. In replay mode (``record=False``) an agent reports a run's start
+together with its exit (both edges in one report, as ``STATES.md`` allows): one lifecycle step per run
+instead of two, and no scheduling decision depends on when a start is reported.
 
-Skipping, which never changes a decision (it only avoids asking questions whose answer is known):
+Skipping, which never changes a decision (it only avoids asking questions whose answer is known),
+in replay mode only (``record=False``); with ``record=True`` (scenarios) every waiting job is asked
+in every pass after any change, as the live cycle does:
 
 * only queues (VCs) touched since the last pass are visited;
 * a job is skipped when an earlier ``wait`` in the same *scope* had a dominated shape (no more
@@ -28,57 +36,83 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from apiary.errors import ApiaryError
-from apiary.lifecycle import EXIT_NODE_LOST, EXIT_PREEMPTED, RoleCompletion, RoleOutcome, decide_retry
-from apiary.lifecycle import evaluate_completion as _evaluate
+from apiary.lifecycle import Desired, JobState, TaskState
+from apiary.lifecycle.reducer import (
+    Allocate,
+    Cancel,
+    Downgraded,
+    Effects,
+    Instance,
+    JobPolicy,
+    JobRecord,
+    NodeLost,
+    Placed,
+    Preempted,
+    Release,
+    RunReported,
+    TaskRecord,
+    Waiting,
+    step,
+    submit,
+)
 from apiary.scheduler.types import GroupRequest, SchedulerAlgorithm, TaskPlacement
 
 FINISH, NODE, ARRIVE = 0, 1, 2
 ALL = "*"
-Instance = tuple[str, int]
 
 
 @dataclass(eq=False)
 class SimJob:
-    """One job of a replay or scenario.  ``shape`` (tasks, GPUs per task) marks a uniform gang job
-    whose fit is monotone in the shape (what the skip rule needs); None = never skipped."""
+    """One job of a replay or scenario: its lifecycle :attr:`record` (None before it arrives) plus
+    what the simulator needs around it.  ``shape`` (tasks, GPUs per task) marks a uniform gang job
+    whose fit is monotone in the shape (what the skip rule needs); None = never skipped.
+    ``duration``: seconds each run takes once started (then it exits 0)."""
 
     id: str
     vc: str
     priority: int
     gang: bool
-    request: GroupRequest
+    policy: JobPolicy
     duration: float
     submit: float
+    user: str = "user"
+    name: str = ""
+    priority_class: str = ""
     shape: tuple[int, int] | None = None
-    roles: dict[str, RoleCompletion] | None = None
-    job_retry_count: int = 0
     gpus: int = 0
     seq: int = 0
-    state: str = "PENDING"
-    attempt: int = 0
-    pending: list[Instance] = field(default_factory=list)
-    running: dict[Instance, TaskPlacement] = field(default_factory=dict)
-    succeeded: set[Instance] = field(default_factory=set)
+    record: JobRecord | None = None
+    rejected: str | None = None
     first_start: float | None = None
     finish: float | None = None
-    retries_user: int = 0
-    retries_platform: int = 0
     preemptions: int = 0
     reasons: list[str] = field(default_factory=list)
     attempts: list[dict] = field(default_factory=list)
-    reject_reason: str | None = None
+    events: list[tuple[float, str, dict]] = field(default_factory=list)
     reserving: bool = False
     qid: int = -1
 
-    def all_instances(self) -> list[Instance]:
-        return [(t.task_role, i) for t in self.request.tasks for i in range(t.instances)]
+    @property
+    def request(self) -> GroupRequest:
+        return self.policy.request
+
+    @property
+    def state(self) -> str:
+        """``PENDING`` before arrival, ``REJECTED``, or the record's OpenPAI job state."""
+        if self.rejected is not None:
+            return "REJECTED"
+        return self.record.state.value if self.record is not None else "PENDING"
+
+    @property
+    def pending(self) -> list[Instance]:
+        return self.record.pending() if self.record is not None else []
 
 
 class Engine:
     """Replays jobs against one scheduler.  ``mode``: ``hived``, ``quota`` or ``fifo`` (the skip
     scopes, see the module docstring).  ``vc_quota``: GPUs per VC for the counter check.
-    ``record``: keep per-attempt placements and waiting reasons (scenarios); it also turns the skip
-    rules off, so every waiting job gets the scheduler's own waiting reason."""
+    ``record``: keep every job's events, per-attempt placements and waiting reasons (scenarios), and
+    ask every waiting job in every pass (no skip rules)."""
 
     def __init__(
         self,
@@ -109,8 +143,15 @@ class Engine:
         self.busy_gpu_s = 0.0
         self.timeline: list[tuple[float, int]] = [(0.0, 0)]
         self.preemptions = 0
-        self.observer: Callable[[str, SimJob, list[TaskPlacement] | list[Instance] | None], None] | None = None
+        self.observer: Callable[[str, SimJob | None, list | None], None] | None = None
+        # The cluster's side of the placements (the live platform's placement rows): job -> instance ->
+        # placement, and node -> (job, instance) running there.
+        self.running: dict[str, dict[Instance, TaskPlacement]] = {}
         self.node_tasks: dict[str, set[tuple[str, Instance]]] = {}
+        # The simulated agents' pending work: runs to start and runs to kill after the current pass.
+        self._to_start: list[tuple[SimJob, str, str]] = []
+        self._to_kill: dict[str, tuple[SimJob, str]] = {}
+        self._changed = False  # record mode: something changed since the last pass (ask everyone again)
 
     # ------------------------------------------------------------------ inputs
     def submit(self, job: SimJob, at: float) -> None:
@@ -147,8 +188,8 @@ class Engine:
         self.dirty.update(self.queues)
 
     def _released(self, job: SimJob) -> None:
-        if self.mode == "fifo":
-            self._reset(ALL)
+        if self.record or self.mode == "fifo":
+            self._reset_all() if self.record else self._reset(ALL)
         elif job.priority < 0 and self.mode == "hived":
             self._reset_all()
         else:
@@ -187,20 +228,25 @@ class Engine:
         shape = job.shape if job.gang else None
         heapq.heappush(self.queues.setdefault(key, {}).setdefault(shape, []),
                        (-job.priority, job.submit, job.seq, job.qid, job))
-        self.dirty.add(key)
+        if self.record:
+            self._reset_all()
+        else:
+            self.dirty.add(key)
         if job.priority < 0:
             self.oppo_waiting += 1
 
-    def _valid(self, entry) -> bool:
+    def _valid(self, entry: tuple) -> bool:
         job = entry[4]
-        return entry[3] == job.qid and job.state in ("WAITING", "RUNNING") and bool(job.pending)
+        return entry[3] == job.qid and job.record is not None and job.record.schedulable()
 
     def _dequeue(self, job: SimJob) -> None:
+        if job.qid < 0:
+            return
         job.qid = -1
         if job.priority < 0:
             self.oppo_waiting -= 1
 
-    def waiting_entries(self, key: str):
+    def waiting_entries(self, key: str) -> dict[tuple | None, list]:
         """The valid queue entries of ``key`` per shape heap (for observers)."""
         return self.queues.get(key, {})
 
@@ -222,13 +268,13 @@ class Engine:
                     self._on_node(*payload)
             self.schedule()
             if self.observer is not None:
-                self.observer("step", None, None)  # type: ignore[arg-type]
+                self.observer("step", None, None)
 
     def _advance(self, t: float) -> None:
         if t > self.now:
             self.busy_gpu_s += self.busy * (t - self.now)
             if self.observer is not None:
-                self.observer("advance", None, [t - self.now])  # type: ignore[arg-type]
+                self.observer("advance", None, [t - self.now])
             self.now = t
 
     def _set_busy(self, delta: int) -> None:
@@ -239,83 +285,86 @@ class Engine:
         else:
             tl.append((self.now, self.busy))
 
-    # ------------------------------------------------------------------ events
-    def _on_arrive(self, job: SimJob) -> None:
-        try:
-            self.sched.validate(job.request)
-        except ApiaryError as e:
-            job.state = "REJECTED"
-            job.reject_reason = e.message if hasattr(e, "message") else str(e)
-            return
-        job.state = "WAITING"
-        self._new_attempt(job)
+    # ------------------------------------------------------------------ the core and its effects
+    def _step(self, job: SimJob, inp: Placed | Waiting | Preempted | Downgraded | NodeLost | RunReported) -> Effects:
+        assert job.record is not None
+        fx = step(job.record, inp, self.now, events=self.record)
+        self._effects(job, fx)
+        return fx
+
+    def _effects(self, job: SimJob, fx: Effects) -> None:
+        """Apply a step's effects to the simulated cluster: scheduler operations at once (there is no
+        store to commit first), the agents' work for after the pass, queue and statistics."""
+        rec = job.record
+        assert rec is not None
+        for op in fx.ops:
+            if isinstance(op, Allocate):
+                self._allocate(job, op)
+            elif isinstance(op, Release):
+                self._release(job, op)
+            elif isinstance(op, Cancel):
+                self.sched.cancel(job.id)
+                if job.reserving:
+                    job.reserving = False
+                    self._released(job)
+        for t in fx.stopping:  # runs told to stop: their agents kill them after the pass
+            if t.run_id:
+                self._to_kill.setdefault(t.run_id, (job, t.node or ""))
+        for t in fx.new_tasks:  # a run retried in place (taskRetryCount) starts again on its cells
+            if t.state is TaskState.STARTING and t.run_id and t.node:
+                self._to_start.append((job, t.run_id, t.node))
+        if self.record:
+            if fx.events:
+                self._changed = True
+            for type_, data in fx.events:
+                job.events.append((self.now, type_, data))
+            if rec.waiting_reason and (not job.reasons or job.reasons[-1] != rec.waiting_reason):
+                job.reasons.append(rec.waiting_reason)
+        if fx.decided:  # a Preempted input decided the attempt (the sim has no reconfiguration)
+            job.preemptions += 1
+            self.preemptions += 1
+        if fx.new_attempt is not None:
+            if self.record and job.attempts:
+                job.attempts[-1]["finished"] = self.now
+            self._new_attempt(job)
+        elif rec.state.is_final and job.finish is None:
+            job.finish = self.now
+            if self.record and job.attempts:
+                job.attempts[-1]["finished"] = self.now
+        if job.qid >= 0 and not rec.schedulable():
+            self._dequeue(job)
 
     def _new_attempt(self, job: SimJob) -> None:
-        job.pending = job.all_instances()
-        job.running = {}
-        job.succeeded = set()
         if self.record:
             job.attempts.append({"started": None, "finished": None, "placements": []})
         self._enqueue(job)
         if self.observer is not None:
             self.observer("queued", job, None)
 
-    def _on_finish(self, job: SimJob, attempt: int, instances: tuple[Instance, ...]) -> None:
-        if job.attempt != attempt or job.state not in ("RUNNING", "WAITING"):
-            return
-        done = [i for i in instances if i in job.running]
-        if not done:
-            return
-        self._release(job, done)
-        job.succeeded.update(done)
-        verdict = self._completion(job)
-        if verdict == "SUCCEEDED":
-            self._end_attempt(job)
-            job.state = "SUCCEEDED"
-            job.finish = self.now
-        elif verdict == "FAILED":  # not reachable with exit 0 tasks; kept for completeness
-            self._end_attempt(job)
-            self._retry(job, 1, platform=False)
-
-    def _completion(self, job: SimJob) -> str | None:
-        if job.roles is None:
-            return "SUCCEEDED" if not job.pending and not job.running else None
-        outcomes = {}
-        for role in job.roles:
-            n = sum(1 for r, _ in job.succeeded if r == role)
-            outcomes[role] = RoleOutcome(succeeded=n, failed=0, finished=n)
-        return _evaluate(job.roles, outcomes)
-
-    def _on_node(self, node: str, healthy: bool) -> None:
-        self.sched.set_node_health(node, healthy)
-        self.healthy_gpus += self.node_gpus[node] * (1 if healthy else -1)
-        if not healthy:
-            victims = sorted({jid for jid, _ in self.node_tasks.get(node, ())}, key=lambda j: self.jobs[j].seq)
-            for jid in victims:
-                job = self.jobs[jid]
-                reason = f"Node {node} was lost."
-                if self.record:
-                    job.reasons.append(f"Retrying (platform retry): {reason}")
-                self._end_attempt(job)
-                self._retry(job, EXIT_NODE_LOST, platform=True)
-        self._reset_all()
-
-    # ------------------------------------------------------------------ state changes
-    def _start(self, job: SimJob, placements: tuple[TaskPlacement, ...]) -> None:
-        self.sched.allocate(job.id, job.request, placements)
-        keys = []
+    def _allocate(self, job: SimJob, op: Allocate) -> None:
+        placements = op.placements
+        self.sched.allocate(job.id, op.request, placements)
+        mine = self.running.setdefault(job.id, {})
         gpus = 0
+        rec = job.record
+        assert rec is not None
+        runs: list[tuple[str, str]] = []
         for p in placements:
             key = (p.task_role, p.index)
-            job.running[key] = p
-            keys.append(key)
+            mine[key] = p
             gpus += len(p.gpus)
             self.node_tasks.setdefault(p.node, set()).add((job.id, key))
-        placed = set(keys)
-        job.pending = [i for i in job.pending if i not in placed]
+            run_id = rec.tasks[key].run_id
+            assert run_id is not None
+            if self.record:
+                self._to_start.append((job, run_id, p.node))
+            else:
+                runs.append((run_id, p.node))
+        if runs:  # replay mode: the runs start now; their agents report start and exit together
+            heapq.heappush(self.events, (self.now + job.duration, FINISH, next(self._eseq), "finish",
+                                         (job, tuple(runs), self.now)))
         if job.first_start is None:
             job.first_start = self.now
-        job.state = "RUNNING"
         self._set_busy(gpus)
         if job.priority >= 0:
             u = self.used.setdefault(job.vc, {})
@@ -328,23 +377,22 @@ class Engine:
                 {"taskRole": p.task_role, "index": p.index, "node": p.node,
                  "leafCellIndices": list(p.leaf_cell_indices)} for p in placements
             )
-        heapq.heappush(self.events, (self.now + job.duration, FINISH, next(self._eseq), "finish",
-                                     (job, job.attempt, tuple(keys))))
         if self.observer is not None:
             self.observer("start", job, list(placements))
 
-    def _release(self, job: SimJob, instances: list[Instance] | None) -> None:
-        keys = list(job.running) if instances is None else instances
+    def _release(self, job: SimJob, op: Release) -> None:
+        mine = self.running.get(job.id, {})
+        keys = list(mine) if op.instances is None else [k for k in op.instances if k in mine]
+        self.sched.release(job.id, None if op.instances is None else keys)
         if not keys:
-            if instances is None:
-                self.sched.release(job.id)
             return
         gpus = 0
         for key in keys:
-            p = job.running.pop(key)
+            p = mine.pop(key)
             gpus += len(p.gpus)
             self.node_tasks[p.node].discard((job.id, key))
-        self.sched.release(job.id, None if instances is None else keys)
+        if not mine:
+            self.running.pop(job.id, None)
         self._set_busy(-gpus)
         if job.priority >= 0:
             self.used[job.vc][job.priority] -= gpus
@@ -352,55 +400,79 @@ class Engine:
         if self.observer is not None:
             self.observer("release", job, keys)
 
-    def _end_attempt(self, job: SimJob) -> None:
-        """Stop every task of the current attempt (release its cells) and drop it from the queue."""
-        self._release(job, None)
-        self.sched.cancel(job.id)
-        if job.reserving:
-            job.reserving = False
-            self._released(job)
-        if job.qid >= 0:
-            self._dequeue(job)
-        job.pending = []
-        if self.record and job.attempts:
-            job.attempts[-1]["finished"] = self.now
-        if self.observer is not None:
-            self.observer("dequeued", job, None)
-
-    def _retry(self, job: SimJob, code: int, *, platform: bool) -> None:
-        d = decide_retry(code, user_retries=job.retries_user, job_retry_count=job.job_retry_count,
-                         platform_cause=platform)
-        if not d.retry:
-            job.state = "FAILED"
-            job.finish = self.now
+    # ------------------------------------------------------------------ events
+    def _on_arrive(self, job: SimJob) -> None:
+        try:
+            self.sched.validate(job.request)
+        except ApiaryError as e:
+            job.rejected = e.message
             return
-        if d.kind == "user":
-            job.retries_user += 1
-        else:
-            job.retries_platform += 1
-        job.attempt += 1
-        job.state = "WAITING"
+        job.record, fx = submit(job.id, job.user, job.policy, self.now, name=job.name,
+                                priority_class=job.priority_class, events=self.record)
+        if self.record:
+            self._changed = True
+            for type_, data in fx.events:
+                job.events.append((self.now, type_, data))
+            job.reasons.append(job.record.waiting_reason or "")
         self._new_attempt(job)
 
-    def preempt(self, victim_id: str, by: str) -> bool:
-        job = self.jobs.get(victim_id)
-        if job is None or job.state not in ("RUNNING", "WAITING") or not job.running:
+    def _on_finish(self, job: SimJob, run_ids: tuple[tuple[str, str], ...], started: float | None) -> None:
+        for run_id, node in run_ids:
+            if job.record is None or job.record.state.is_final:
+                return
+            self._step(job, RunReported(node=node, run_id=run_id, exited=True, exit_code=0, started_at=started,
+                                        finished_at=self.now))
+
+    def _on_node(self, node: str, healthy: bool) -> None:
+        self.sched.set_node_health(node, healthy)
+        self.healthy_gpus += self.node_gpus[node] * (1 if healthy else -1)
+        if not healthy:
+            victims = sorted({jid for jid, _ in self.node_tasks.get(node, ())},
+                             key=lambda j: (self.jobs[j].submit, self.jobs[j].seq))
+            for jid in victims:
+                self._step(self.jobs[jid], NodeLost(node))
+        self._reset_all()
+
+    # ------------------------------------------------------------------ the simulated agents
+    def _agents(self) -> bool:
+        """What the node agents do between two passes; True if they did anything."""
+        if not self._to_start and not self._to_kill:
             return False
-        job.preemptions += 1
-        self.preemptions += 1
-        if self.record:
-            job.reasons.append(f"Retrying (platform retry): Preempted by {by}.")
-        self._end_attempt(job)
-        self._retry(job, EXIT_PREEMPTED, platform=True)
+        starts, self._to_start = self._to_start, []
+        finishes: dict[int, tuple[SimJob, list[tuple[str, str]]]] = {}
+        for job, run_id, node in starts:
+            t = _run(job, run_id)
+            if t is None or t.state is not TaskState.STARTING or t.desired is not Desired.RUN:
+                continue  # told to stop before it started: the kill below reports it
+            self._step(job, RunReported(node=node, run_id=run_id, started_at=self.now, pid=0))
+            finishes.setdefault(id(job), (job, []))[1].append((run_id, node))
+        for job, runs in finishes.values():
+            heapq.heappush(self.events, (self.now + job.duration, FINISH, next(self._eseq), "finish",
+                                         (job, tuple(runs), None)))
+        kills, self._to_kill = self._to_kill, {}
+        for run_id, (job, node) in kills.items():
+            t = _run(job, run_id)
+            if t is None or t.state not in (TaskState.STARTING, TaskState.RUNNING):
+                continue
+            # Replay mode reports a run's start with its end: it started when it was placed.
+            started = t.started if self.record else t.placed_at
+            self._step(job, RunReported(node=node, run_id=run_id, exited=True, exit_code=None,
+                                        started_at=started, finished_at=self.now))
         return True
 
     # ------------------------------------------------------------------ scheduling
     def schedule(self) -> None:
-        """Passes until nothing more changes (see the module docstring)."""
-        for _ in range(10_000):
-            if not self.dirty:
+        """Passes, each followed by the agents' work, until nothing more changes. In record mode a
+        change anywhere makes the next pass ask every waiting job again (as the live cycle does)."""
+        for _ in range(100_000):
+            if self.record and self._changed:
+                self._changed = False
+                self._reset_all()
+            if self.dirty:
+                self._pass()
+            acted = self._agents()
+            if not acted and not self.dirty and not (self.record and self._changed):
                 return
-            self._pass()
         raise RuntimeError("scheduling did not settle")  # pragma: no cover
 
     def _pass(self) -> None:
@@ -440,42 +512,47 @@ class Engine:
                 heapq.heappush(self.queues[key][shape], entry)
 
     def _try(self, job: SimJob) -> str:
+        rec = job.record
+        assert rec is not None
         pre, fit = self.scopes(job)
         if not self.record and not self._precheck(job):
             self._fail(pre, job)
-            if self.record:
-                self._reason(job, "Waiting for resources: not enough free GPUs in "
-                             + ("the cluster." if pre == ALL else f"VC {job.vc}."))
             return "wait"
-        pending = tuple(job.pending)
-        req = job.request if len(pending) == len(job.all_instances()) else _with_pending(job.request, pending)
+        pending = tuple(rec.pending())
+        req = job.request if len(pending) == len(rec.tasks) else _with_pending(job.request, pending)
         d = self.sched.schedule(req)
+        if self.record:
+            for victim in d.downgraded:
+                self._step(self.jobs[victim], Downgraded(by=job.id))
         if d.kind == "place" and d.placements:
-            self._start(job, d.placements)
-            if job.pending:
-                if self.record and d.reason:
-                    self._reason(job, d.reason)
+            self._step(job, Placed(d.placements, d.reason))
+            if rec.pending():
                 return "placed-some"
             job.reserving = False
             return "placed-all"
         if d.kind == "preempt":
             job.reserving = True
-            if self.record:
-                self._reason(job, d.reason)
             for v in d.victims:
-                self.preempt(v, by=job.id)
+                self._step(self.jobs[v], Preempted(by=job.id))
+            if self.record:
+                self._step(job, Waiting(d.reason))
             return "preempt"
         if job.reserving:  # a dropped reservation freed cells
             job.reserving = False
             self._released(job)
         self._fail(fit, job)
         if self.record:
-            self._reason(job, d.reason)
+            self._step(job, Waiting(d.reason))
         return "wait"
 
-    def _reason(self, job: SimJob, reason: str) -> None:
-        if reason and (not job.reasons or job.reasons[-1] != reason):
-            job.reasons.append(reason)
+
+def _run(job: SimJob, run_id: str) -> TaskRecord | None:
+    """The task record of run ``run_id`` if it is still the latest run of its instance."""
+    assert job.record is not None
+    for t in job.record.tasks.values():
+        if t.run_id == run_id:
+            return t
+    return None
 
 
 def _with_pending(request: GroupRequest, pending: tuple[Instance, ...]) -> GroupRequest:
@@ -487,3 +564,6 @@ def _with_pending(request: GroupRequest, pending: tuple[Instance, ...]) -> Group
         tasks=request.tasks,
         pending=pending,
     )
+
+
+__all__ = ["ALL", "Engine", "SimJob", "JobState"]

@@ -13,8 +13,10 @@ Format (YAML; paths relative to the scenario file)::
       - at: 60
         recover-node: hostname-dan
 
-Semantics follow the live platform (:mod:`apiary.control.plane`), on the same ``HivedScheduler``:
-jobs are tried by priority then submission time; a job the scheduler refuses at submission (unknown
+Semantics are the live platform's: every job runs through the same lifecycle core
+(:mod:`apiary.lifecycle.reducer`) and the same ``HivedScheduler`` as :mod:`apiary.control.plane`, and a
+test replays scenarios through both and compares them. Jobs are tried by priority, then submission
+time, then arrival order; a job the scheduler refuses at submission (unknown
 VC, gang job larger than its VC, ...) or whose ``user~name`` already exists is ``REJECTED``;
 ``preempt`` stops the victims at once, and a preempted job restarts from scratch in a new attempt
 (platform retry); gang jobs place all instances or none, ``gangAllocation: false`` jobs place what
@@ -37,25 +39,18 @@ from typing import Any
 import yaml
 
 from apiary.errors import ApiaryError, ValidationError
-from apiary.lifecycle import RoleCompletion
+from apiary.lifecycle.reducer import job_policy
 from apiary.scheduler import HivedScheduler
-from apiary.scheduler.requests import group_request
-from apiary.scheduler.types import GroupRequest
 from apiary.sim.cluster import vc_gpus
 from apiary.sim.engine import Engine, SimJob
 from apiary.spec.cluster import ClusterConfig, load_cluster_config
-from apiary.spec.job import JobSpec, parse_job
+from apiary.spec.job import parse_job
 
 
 def _num(x: float | None) -> float | int | None:
     if x is None:
         return None
     return int(x) if float(x).is_integer() else x
-
-
-def _request(job_id: str, spec: JobSpec) -> GroupRequest:
-    """The GroupRequest of a job, exactly as the control plane builds it."""
-    return group_request(job_id, spec)
 
 
 def load_scenario(path: str | Path) -> tuple[ClusterConfig, list[dict]]:
@@ -97,8 +92,11 @@ def load_scenario(path: str | Path) -> tuple[ClusterConfig, list[dict]]:
     return config, events
 
 
-def run_scenario(path: str | Path) -> dict:
-    """Replay the scenario file at ``path``; the output document of the module docstring."""
+def simulate(path: str | Path) -> tuple[Engine, list[str], dict[str, dict]]:
+    """Replay the scenario file at ``path``. Returns the engine after the run (its ``jobs`` carry
+    every job's lifecycle record and, in order, its events ``(time, type, data)``), the accepted job
+    ids in submission order, and the jobs refused before they reached the engine (bad spec,
+    duplicate name) as output documents."""
     config, events = load_scenario(path)
     sched = HivedScheduler(config)
     engine = Engine(sched, "hived", vc_quota=vc_gpus(config), record=True)
@@ -119,18 +117,11 @@ def run_scenario(path: str | Path) -> dict:
                 rejected.setdefault(f"{job_id}#{i}", _rejected(at, f"Job name {spec.name} already exists for user "
                                                                    f"{user}."))
                 continue
-            roles = {
-                role: RoleCompletion(
-                    instances=tr.instances,
-                    min_failed=tr.completion.min_failed_instances,
-                    min_succeeded=tr.completion.min_succeeded_instances,
-                )
-                for role, tr in spec.task_roles.items()
-            }
-            req = _request(job_id, spec)
-            job = SimJob(id=job_id, vc=spec.virtual_cluster, priority=spec.priority, gang=spec.gang, request=req,
-                         duration=ev["duration"], submit=at, roles=roles, job_retry_count=spec.job_retry_count,
-                         gpus=sum(t.instances * t.gpu for t in req.tasks))
+            policy = job_policy(job_id, spec)
+            job = SimJob(id=job_id, vc=spec.virtual_cluster, priority=spec.priority, gang=spec.gang, policy=policy,
+                         duration=ev["duration"], submit=at, user=user, name=spec.name,
+                         priority_class=spec.priority_class,
+                         gpus=sum(t.instances * t.gpu for t in policy.request.tasks))
             engine.submit(job, at)
             order.append(job_id)
         else:
@@ -139,18 +130,26 @@ def run_scenario(path: str | Path) -> dict:
                 raise ValidationError(f"events[{i}]", f"unknown node {node!r}")
             engine.node_event(at, node, healthy="recover-node" in ev)
     engine.run()
+    return engine, order, rejected
+
+
+def run_scenario(path: str | Path) -> dict:
+    """Replay the scenario file at ``path``; the output document of the module docstring."""
+    engine, order, rejected = simulate(path)
     out: dict[str, Any] = {}
     for job_id in order:
         j = engine.jobs[job_id]
         if j.state == "REJECTED":
-            out[job_id] = _rejected(j.submit, j.reject_reason or "")
+            out[job_id] = _rejected(j.submit, j.rejected or "")
             continue
+        rec = j.record
+        assert rec is not None
         out[job_id] = {
             "state": j.state,
             "submitted": _num(j.submit),
             "started": _num(j.first_start),
             "finished": _num(j.finish),
-            "retries": j.retries_user + j.retries_platform,
+            "retries": rec.retries_user + rec.retries_platform,
             "preemptions": j.preemptions,
             "waitingReasons": list(j.reasons),
             "attempts": [
