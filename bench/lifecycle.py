@@ -1,12 +1,14 @@
 """Lifecycle benchmarks of the embedded platform (what ``apiary up`` runs).
 
-Two measurements, each on its own fresh :class:`~apiary.embedded.Embedded` in a temporary
+Three measurements, each on its own fresh :class:`~apiary.embedded.Embedded` in a temporary
 APIARY home, on loopback, with a generated HiveD cluster config of simulated nodes:
 
 * :func:`measure_start_latency`: submit -> first task process spawned, on an idle cluster,
   one job at a time.
 * :func:`measure_concurrent`: peak RSS of the platform's processes while N short 1-GPU jobs
   run at once, each mirrored to a Prefect flow run by the bridge.
+* :func:`measure_queued_submissions`: the rate of submissions while a full cluster's queue grows to
+  500 jobs (every submission wakes the scheduling loop, whose cycles walk the whole queue).
 
 Every wait is bounded; the platform is always stopped in ``finally``.
 """
@@ -471,6 +473,47 @@ def measure_concurrent(
                 time.sleep(2.0)
         res.peak_rss_mb, res.peak_parts, res.rss_samples = sampler.peak, sampler.peak_parts, sampler.samples
         res.restarts = {name: c.restarts for name, c in emb.children.items()}
+        return res
+    finally:
+        plat.close()
+
+
+# ---------------------------------------------------------------------- submissions behind a queue
+@dataclass
+class QueuedResult:
+    jobs: int
+    shallow: list[float] = field(default_factory=list)  # submit latencies, queue depth 0..49
+    deep: list[float] = field(default_factory=list)  # submit latencies, queue depth jobs-100..jobs-1
+    cycles_ms_p50: float | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "submit_per_s_queue_0_50": round(len(self.shallow) / sum(self.shallow), 1),
+            f"submit_per_s_queue_{self.jobs - 100}_{self.jobs}": round(len(self.deep) / sum(self.deep), 1),
+            f"submit_p99_s_queue_{self.jobs - 100}_{self.jobs}": round(percentile(self.deep, 99), 4),
+        }
+
+
+def measure_queued_submissions(jobs: int = 500, *, nodes: int = 2) -> QueuedResult:
+    """Fill a ``nodes`` x 1-GPU cluster with ``sleep 600`` jobs, then submit ``jobs`` more 1-GPU jobs
+    one at a time from one client (they all queue: the cluster stays full). Each latency is the
+    client's wall time of one ``POST /api/v2/jobs`` (acceptance is a commit); the rates are
+    submissions / summed latency over the first 50 and the last 100 submissions. Prefect is off:
+    this measures the control plane's lock, not the bridge."""
+    res = QueuedResult(jobs=jobs)
+    plat = start_platform(nodes, 1, prefect=False)
+    try:
+        stamp = int(time.time())
+        for i in range(nodes):
+            plat.client.submit(job_yaml(f"hold-{stamp}-{i}", "sleep 600"), user="bench")
+        for i in range(jobs):
+            t0 = time.perf_counter()
+            plat.client.submit(job_yaml(f"q-{stamp}-{i:04d}", "sleep 1"), user="bench")
+            dt = time.perf_counter() - t0
+            if i < 50:
+                res.shallow.append(dt)
+            elif i >= jobs - 100:
+                res.deep.append(dt)
         return res
     finally:
         plat.close()

@@ -43,7 +43,7 @@ for p in (str(REPO_ROOT / "platform"), str(BENCH_DIR)):
 # (through BENCH_DIR on sys.path) only when they run: the lifecycle module pulls in the whole
 # embedded platform.
 
-LIFECYCLE = ("lifecycle.start_latency", "lifecycle.concurrent")
+LIFECYCLE = ("lifecycle.start_latency", "lifecycle.concurrent", "lifecycle.queued")
 MONITORING = ("monitoring.scrape", "monitoring.fault_to_cordon")
 BENCHMARKS = ("scheduler", "replay", *LIFECYCLE, *MONITORING)
 GROUPS = {"lifecycle": LIFECYCLE, "monitoring": MONITORING}
@@ -107,6 +107,15 @@ def method(section: dict) -> str:
             "flow_runs_created: flow runs of flow 'apiary-job' counted in the platform's Prefect server with "
             "PrefectClient.count_flow_runs after every job ended, polled until each job had a final flow run or "
             "300 s passed."
+        )
+    deep = next((k for k in section if k.startswith("submit_per_s_queue_") and not k.endswith("_0_50")), None)
+    if deep is not None:
+        out.append(
+            f"submit_per_s_queue_0_50 / {deep}: on an embedded platform without Prefect, a 2-node x 1-GPU "
+            "simulated cluster kept full by two 'sleep 600' jobs, 1-GPU jobs submitted one at a time by one "
+            "REST client (each stays queued); rate = submissions / their summed client wall time "
+            "(POST /api/v2/jobs until the 202), over the first 50 (queue 0-49 jobs) and the last 100 "
+            "submissions; the p99 is over the last 100. Every submission wakes the scheduling loop."
         )
     return " ".join(out)
 
@@ -427,6 +436,14 @@ def main(argv: list[str] | None = None) -> int:
             )
         except Exception:
             errors.append("lifecycle.concurrent")
+            traceback.print_exc()
+    if "lifecycle.queued" in which:
+        try:
+            r = lifecycle.measure_queued_submissions(100 if args.quick else 500)
+            section.update(r.to_dict())
+            print("queued submissions: " + ", ".join(f"{k}={v}" for k, v in r.to_dict().items()), flush=True)
+        except Exception:
+            errors.append("lifecycle.queued")
             traceback.print_exc()
     if section:
         stamp(section, args.quick)

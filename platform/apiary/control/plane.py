@@ -586,7 +586,8 @@ class ControlPlane:
     def _check_lost_nodes(self) -> None:
         """Nodes silent for longer than ``node_lost_after_s``: unhealthy, their runs failed (lock held)."""
         now = self._clock()
-        lost = sorted(n for n, seen in self._heartbeats.items() if now - seen > self._node_lost_after_s)
+        lost = sorted(n for n, seen in self._heartbeats.items()
+                      if now - seen > self._node_lost_after_s and n in self._node_names)  # (a reconfig drops nodes)
         if not lost:
             return
         with self._sessions() as s:
