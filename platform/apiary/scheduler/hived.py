@@ -85,6 +85,7 @@ class _Group:
     placements: dict[Instance, TaskPlacement] = field(default_factory=dict)
     leaves: dict[Instance, list[Cell]] = field(default_factory=dict)
     priority: int = 0  # effective: -1 once downgraded by lazy preemption
+    seq: int = 0  # allocation order (no clock here): a higher seq started more recently
 
 
 @dataclass
@@ -317,6 +318,7 @@ class HivedScheduler:
         self._oppo_used: dict[str, int] = defaultdict(int)
         self._used_sku: dict[tuple[str, str], int] = defaultdict(int)  # (vc, sku) guaranteed used+reserved
         self._seg_order = 0
+        self._alloc_seq = 0  # numbers groups in allocation order (victims: most recently started first)
         self._chains_of_sku: dict[str, list[Chain]] = defaultdict(list)
         for name, chain in self.topo.chains.items():
             self._chains_of_sku[self.topo.chain_sku[name]].append(chain)
@@ -485,10 +487,19 @@ class HivedScheduler:
             if c.state == BOUND and c.hold == 0:
                 self._unbind(c)
 
-    def _cell_key(self, c: Cell, want: int, hint: Cell | None) -> tuple[bool, int, bool, int, int]:
+    def _cell_key(self, c: Cell, want: int, hint: Cell | None) -> tuple[bool, int, bool, int, int, int, int]:
+        """Order of cells to bind: healthy first, then the lowest free level (buddy: keep big cells
+        whole), then unused ones (binding a used cell means preempting the opportunistic work on it),
+        beside ``hint``; among used cells, the cheapest to preempt: fewest leaf cells in use, then the
+        most recently started occupants (least work lost); then config order."""
         clean = c.bad == 0 if c.level == want else c.bad < len(c.leaves)
         near = 0 if hint is not None and c.parent is hint else 1
-        return (not clean, c.level, c.used > 0, near, c.order)
+        return (not clean, c.level, c.used > 0, c.used, near, -self._recency(c) if c.used else 0, c.order)
+
+    def _recency(self, c: Cell) -> int:
+        """The allocation order of the most recently started group using a leaf of ``c`` (0: none)."""
+        seqs = [self._groups[lf.group].seq for lf in c.leaves if lf.group is not None]
+        return max(seqs, default=0)
 
     def _bind_candidates(self, chain: Chain, lv: int, hint: Cell | None) -> list[Cell]:
         """Physical level-``lv`` cells to try binding, best first: healthy, lowest free level (buddy),
@@ -505,7 +516,7 @@ class HivedScheduler:
         out = []
         for c in tops[:8]:
             while c.level > lv:
-                c = min(c.children, key=lambda x: (x.bad > 0, x.used > 0, x.order))
+                c = min(c.children, key=lambda x: (x.bad > 0, x.used, -self._recency(x) if x.used else 0, x.order))
             out.append(c)
         return out
 
@@ -843,12 +854,54 @@ class HivedScheduler:
     def _plan_preemption(
         self, request: GroupRequest, pending: tuple[Instance, ...], option: dict[str, str], tent: list[Cell]
     ) -> Decision | None:
-        name, p, vc = request.name, request.priority, request.virtual_cluster
+        """Plan a preemption that lets ``pending`` of ``request`` run: the victims and the cells to
+        reserve, a ``place`` when no victim is needed after all, or None.
+
+        The plan searches the VC's bound cells; when they cannot hold the group even with every
+        lower-priority group gone, it binds one more of the VC's unbound virtual cells (recorded in
+        ``tent``) and plans again, so a preemption that needs a bound cell (holding the victim) plus
+        an unbound one is found (HiveD does the same; without it a higher-priority gang starved while
+        a lower-priority job of its own VC ran).  Cells to bind are chosen cheapest to preempt first
+        (:meth:`_cell_key`: no opportunistic use, then the fewest opportunistic leaf cells in use, then
+        the most recently started occupants).  Victims are taken in this order until the group fits:
+        opportunistic (and lazily downgraded) groups before guaranteed ones, lower priority first,
+        the most recently started first (least work lost; Kueue and HiveD order victims the same
+        way), then by name; a final pass drops victims the fit does not need.
+        """
+        vc = request.virtual_cluster
         item_groups = self._items(request, pending, option)
         need = {(pin, sku): sum(it[2] for it in items) for (pin, sku), items in item_groups.items()}
         for (pin, sku), n in need.items():  # counters first: no scan when preemption cannot help
-            if pin is None and n > self._vc_free(vc, sku) + self._preemptable(vc, p) + self._reserved_lower(vc, p):
+            if pin is None and n > self._vc_free(vc, sku) + self._preemptable(vc, request.priority) + \
+                    self._reserved_lower(vc, request.priority):
                 return None
+        unpinned = [(sku, items) for (pin, sku), items in item_groups.items() if pin is None]
+        for _ in range(sum(self._bind_budget(vc, sku, items) for sku, items in unpinned) + 1):
+            d = self._plan_preemption_once(request, pending, item_groups, need, tent)
+            if d is not None:
+                return d
+            grown = False
+            for sku, items in unpinned:  # the VC's bound cells are not enough: bind one more
+                sizes = [it[2] for it in items]
+                c = self._bind_some(vc, sku, need[(None, sku)], min(sizes), max(sizes), None)
+                if c is not None:
+                    tent.append(c)
+                    grown = True
+                    break
+            if not grown:
+                return None
+        return None
+
+    def _plan_preemption_once(
+        self,
+        request: GroupRequest,
+        pending: tuple[Instance, ...],
+        item_groups: _ItemGroups,
+        need: dict[tuple[str | None, str], int],
+        tent: list[Cell],
+    ) -> Decision | None:
+        """One planning pass over the VC's bound cells as they are (see :meth:`_plan_preemption`)."""
+        name, p, vc = request.name, request.priority, request.virtual_cluster
         base: dict[PoolKey, dict[Segment, list[Cell]]] = {}
         victim_leaves: dict[str, dict[PoolKey, dict[Segment, list[Cell]]]] = {}
         for pinned, sku in item_groups:
@@ -899,12 +952,7 @@ class HivedScheduler:
         if fit is None:
             order = sorted(
                 victim_leaves,
-                key=lambda g: (
-                    self._groups[g].priority >= 0,
-                    self._groups[g].priority,
-                    -sum(len(lv) for pk in victim_leaves[g].values() for lv in pk.values()),
-                    g,
-                ),
+                key=lambda g: (self._groups[g].priority >= 0, self._groups[g].priority, -self._groups[g].seq, g),
             )
             for g in order:
                 chosen.append(g)
@@ -1234,7 +1282,8 @@ class HivedScheduler:
             self._cover(name, request.virtual_cluster, [lf for _, lv in resolved for lf in lv], plan)
         self._cancel(name)
         if g is None:
-            g = self._groups[name] = _Group(request, priority=request.priority)
+            self._alloc_seq += 1
+            g = self._groups[name] = _Group(request, priority=request.priority, seq=self._alloc_seq)
             self._groups_prio[request.virtual_cluster][g.priority][name] = None
         else:
             g.request = request
@@ -1589,4 +1638,6 @@ class HivedScheduler:
                 new._groups.pop(name, None)
                 new._groups_prio[req.virtual_cluster][-1].pop(name, None)
                 continue
+            new._groups[name].seq = g.seq  # keep the allocation order across the replay
+        new._alloc_seq = self._alloc_seq
         return new, dropped
