@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from tests.support.builders import LAB6  # examples/lab6: Lab 6's files, copied unmodified
 
@@ -85,9 +87,9 @@ def test_memory_quantities(quantity, mb):
         ),
         pytest.param(
             "cellNumber: 2",
-            "cellNumber: 0",
+            "cellNumber: -1",
             "virtualClusters.default.virtualCells[0].cellNumber",
-            id="cell-number-zero",
+            id="cell-number-negative",  # 0 is allowed: HiveD's reconfiguration tests use it
         ),
         pytest.param(
             "- cellType: POOL",
@@ -132,3 +134,56 @@ def test_wrapper_without_config():
     with pytest.raises(ValidationError) as e:
         load_cluster_config("hivedscheduler: {}\n")
     assert e.value.field == "hivedscheduler.config"
+
+
+# ---------------------------------------------------------------------------------------------
+# HiveD's own configs (issue "scheduler parity with HiveD"): its design config loads unmodified.
+HIVED_DESIGN = Path(__file__).resolve().parents[1] / "scheduler" / "hived_design" / "hivedscheduler.yaml"
+
+
+def test_hived_design_config_loads_unmodified():
+    cfg = load_cluster_config(HIVED_DESIGN)
+    pc = cfg.physical_cluster
+    # No skuTypes in HiveD's format: each leaf type is one GPU, cpu and memory not accounted.
+    assert pc.implicit_skus and set(pc.sku_types) == {"CT1", "DGX1-P100", "DGX1-V100", "DGX2-V100",
+                                                       "IB-DGX2-V100-V100"}
+    assert all((s.gpu, s.cpu, s.memory) == (1, None, None) for s in pc.sku_types.values())
+    assert cfg.kube_api_server_address == "http://10.10.10.10:8080"  # accepted, not used
+    # cellChildren: null is "no children listed"; node 1.0.0.2 appears in two chains.
+    p100 = pc.physical_cells[3].cell_children[0]
+    assert (p100.cell_address, p100.cell_children) == ("1.0.0.2", [])
+    # A round trip keeps it a HiveD-style config (no derived skuTypes written out).
+    again = load_cluster_config(cfg.to_yaml())
+    assert "skuTypes" not in cfg.to_yaml() and again.physical_cluster.sku_types == pc.sku_types
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field", "words"),
+    [
+        pytest.param("- cellAddress: 9  # GPU Index", "- cellAddress: 7  # GPU Index",
+                     "physicalCluster.physicalCells", "leaf cell address 7", id="leaf-address-in-two-chains"),
+        pytest.param("- cellAddress: 9  # GPU Index", "- cellAddress: gpu9",
+                     "physicalCluster.physicalCells[2].cellChildren[1].cellAddress", "device index",
+                     id="leaf-address-not-a-number"),
+        pytest.param("  - cellType: CT1-NODE\n    cellAddress: 0.0.0.1",
+                     "  - cellType: CT1-NODE\n    cellAddress: 0.0.0.0",
+                     "physicalCluster.physicalCells[1].cellAddress", "leaf type 'CT1'", id="node-twice-in-one-chain"),
+    ],
+)
+def test_hived_style_node_errors_name_the_field(old, new, field, words):
+    from apiary.scheduler import HivedScheduler
+
+    text = HIVED_DESIGN.read_text()
+    assert old in text
+    with pytest.raises(ValidationError) as e:
+        HivedScheduler(load_cluster_config(text.replace(old, new)))
+    assert e.value.field == field and words in e.value.message, e.value.message
+
+
+def test_a_sku_without_cpu_or_memory_does_not_account_them():
+    from apiary.scheduler.sizing import leaf_cells_needed
+    from apiary.scheduler.types import TaskRequest
+    from apiary.spec.cluster import SkuType
+
+    assert leaf_cells_needed(TaskRequest("t", 1, 2, 64.0, 10**6), SkuType(gpu=1)) == 2
+    assert leaf_cells_needed(TaskRequest("t", 1, 1, 8.0, 1024), SkuType(gpu=1, cpu=2)) == 4

@@ -165,9 +165,9 @@ class Segment:
         self.index: list[BucketIndex] = []  # indices this segment is listed in while healthy
 
     def free_leaves(self, group: str | None = None) -> list[Cell]:
-        """FREE leaves (and leaves reserved for ``group``), by index."""
+        """FREE leaves (and leaves reserved for ``group``), in tree order."""
         out = [lf for lf in self.leaves if lf.group is None and (lf.reserved_by is None or lf.reserved_by == group)]
-        out.sort(key=lambda c: c.index)
+        out.sort(key=lambda c: c.order)
         return out
 
     def __repr__(self) -> str:
@@ -260,7 +260,9 @@ class Topology:
     """The physical forest, chains, pinned cells and the node segments."""
 
     roots: list[Cell] = field(default_factory=list)
-    nodes: dict[str, Cell] = field(default_factory=dict)
+    # node name -> its node-level cells, one per chain it appears in (HiveD: a node may have several
+    # leaf cell types, e.g. 8 P100 GPUs in one chain and 2 other GPUs in another)
+    nodes: dict[str, list[Cell]] = field(default_factory=dict)
     cells_by_type: dict[tuple[str, str], list[Cell]] = field(default_factory=dict)  # (chain, type)
     pinned: dict[str, Cell] = field(default_factory=dict)
     pinned_vc: dict[str, str] = field(default_factory=dict)
@@ -268,6 +270,15 @@ class Topology:
     levels: dict[str, int] = field(default_factory=dict)  # cell type -> level
     chain_sku: dict[str, str] = field(default_factory=dict)
     segment_count: int = 0
+
+    def node_cells(self) -> Iterator[Cell]:
+        """Every node-level cell, in config order."""
+        for cells in self.nodes.values():
+            yield from cells
+
+    def node_leaves(self, name: str) -> list[Cell]:
+        """The leaf cells of node ``name`` over all its chains, by device index."""
+        return sorted((lf for c in self.nodes.get(name, ()) for lf in c.leaves), key=lambda lf: lf.index)
 
 
 def type_levels(config: ClusterConfig) -> dict[str, int]:
@@ -319,7 +330,7 @@ def build_topology(config: ClusterConfig) -> Topology:
         if ct.is_node_level:
             cell.is_node_level = True
             node = cell
-            topo.nodes[address] = cell
+            topo.nodes.setdefault(address, []).append(cell)
         cell.node = node
         specs: list[PhysicalCell | None] = [*spec.cell_children] if spec is not None else []
         if node is not None:  # at or below node level: missing children are generated
@@ -330,7 +341,7 @@ def build_topology(config: ClusterConfig) -> Topology:
             elif node is None:
                 addr = f"{address}/{i}"
             else:
-                addr = str(i)
+                addr = ""  # below the node: a default address, given once the node is complete
             child = build(ch, ct.child_cell_type, chain, addr, cell, pinned, node)
             cell.children.append(child)
             cell.leaves.extend(child.leaves)
@@ -341,15 +352,27 @@ def build_topology(config: ClusterConfig) -> Topology:
         t = spec.cell_type or ""
         topo.roots.append(build(spec, t, t, spec.cell_address or f"{t}[{i}]", None, None, None))
 
-    for node in topo.nodes.values():
-        addrs = [lf.address for lf in node.leaves]
-        # leaves directly under the node may carry their GPU index as cellAddress; deeper nodes
-        # number their leaves in DFS order
-        explicit = node.level == 2 and all(a.isdigit() for a in addrs) and len({int(a) for a in addrs}) == len(addrs)
-        for i, lf in enumerate(node.leaves):
-            lf.index = int(lf.address) if explicit else i
-        node.leaves.sort(key=lambda c: c.index)
-        if node.level > 2:
+    for name, node_cells in topo.nodes.items():
+        seen: dict[int, str] = {}
+        for node in node_cells:
+            # A leaf's index is its device (GPU) index on the node: its cellAddress when the config
+            # gives one, else its position in the node (HiveD's default: the leaf numbering of
+            # pkg/api/config.go's inferPhysicalCellSpec).  Other cells below the node default to
+            # their index among their siblings.
+            _default_addresses(node)
+            for i, lf in enumerate(node.leaves):
+                lf.index = int(lf.address) if lf.address else i
+                if not lf.address:
+                    lf.address = str(lf.index)
+                if lf.index in seen:
+                    raise ValidationError(
+                        "physicalCluster.physicalCells",
+                        f"node {name!r}: leaf cell address {lf.index} is used by {seen[lf.index]} and {node.chain}",
+                    )
+                seen[lf.index] = node.chain
+        for node in node_cells:
+            if node.level <= 2:
+                continue
             stack = [node]
             while stack:
                 c = stack.pop()
@@ -357,6 +380,9 @@ def build_topology(config: ClusterConfig) -> Topology:
                     node.internal.append(c)
                     stack.extend(c.children)
             node.internal.sort(key=lambda c: c.order)
+    # Leaves stay in tree order (the config's order, ``Cell.order``), not by device index: packing
+    # takes them in that order, so a task gets whole sub-cells (HiveD gives a 7-GPU task on a node
+    # listed as sockets 1, 0 the GPUs [1, 3, 4, 7, 0, 2, 6]).
 
     # chains and the initial buddy state
     for root in topo.roots:
@@ -386,6 +412,17 @@ def build_topology(config: ClusterConfig) -> Topology:
     for root in topo.roots:
         init(root, topo.chains[root.chain])
     return topo
+
+
+def _default_addresses(node: Cell) -> None:
+    """Give the cells below ``node`` without a configured address their index among their siblings."""
+    stack = [node]
+    while stack:
+        c = stack.pop()
+        for i, ch in enumerate(c.children):
+            if not ch.address and ch.level > 1:
+                ch.address = str(i)
+            stack.append(ch)
 
 
 def check_initial_assignment(topo: Topology, config: ClusterConfig) -> None:

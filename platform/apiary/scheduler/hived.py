@@ -160,7 +160,7 @@ class _Source:
 def _pick_leaves(node: Cell, avail: list[Cell], need: int) -> list[Cell]:
     """``need`` leaves of ``avail`` (one node), packed into the lowest, fullest sub-cell."""
     if not node.internal:
-        return sorted(avail, key=lambda c: c.index)[:need]
+        return sorted(avail, key=lambda c: c.order)[:need]
     ids = {id(c) for c in avail}
     best: tuple[int, int, int] | None = None
     best_cell = node
@@ -323,9 +323,9 @@ class HivedScheduler:
         for name, chain in self.topo.chains.items():
             self._chains_of_sku[self.topo.chain_sku[name]].append(chain)
         node_leaves = {name: 0 for name in self.topo.chains}
-        for node in self.topo.nodes.values():
+        for node in self.topo.node_cells():
             node_leaves[node.chain] = max(node_leaves[node.chain], len(node.leaves))
-        self._node_level = {node.chain: node.level for node in self.topo.nodes.values()}  # chain -> node level
+        self._node_level = {node.chain: node.level for node in self.topo.node_cells()}  # chain -> node level
         for vc_name, vc in config.virtual_clusters.items():
             for vcell in vc.virtual_cells:
                 lv = self.topo.levels[vcell.leaf_type]
@@ -347,7 +347,7 @@ class HivedScheduler:
             for lf in cell.leaves:
                 per_node[lf.node_name] += 1
             self._pool_max[key] = max(self._pool_max[key], *per_node.values())
-        for node in self.topo.nodes.values():
+        for node in self.topo.node_cells():
             for lf in node.leaves:
                 if lf.pinned_cell_id is None:
                     seg = self._seg(node, (ALL_VCS, None, lf.sku))
@@ -940,7 +940,7 @@ class HivedScheduler:
                     for s, lv in victim_leaves[g].get(key, {}).items():
                         avail.setdefault(s, []).extend(lv)
                 for s in avail:
-                    avail[s].sort(key=lambda c: c.index)
+                    avail[s].sort(key=lambda c: c.order)
                 r = _fit(items, _Source(avail=avail), gang=True)
                 if r is None:
                     return None
@@ -1092,7 +1092,7 @@ class HivedScheduler:
                     )
             if self._unhealthy:
                 chains = {c.name for c in self._chains_of_sku.get(sku, [])}
-                bad = sorted(n for n in self._unhealthy if self.topo.nodes[n].chain in chains)
+                bad = sorted(n for n in self._unhealthy if any(c.chain in chains for c in self.topo.nodes[n]))
                 if bad:
                     parts.append("; ".join(f"node {b} unhealthy" for b in bad[:5]) + ".")
         return " ".join(parts)
@@ -1243,12 +1243,12 @@ class HivedScheduler:
         g = self._groups.get(name)
         guaranteed = (g.priority if g is not None else request.priority) >= 0
         for pl in placements:
-            node = self.topo.nodes.get(pl.node)
-            if node is None:
+            node_cells = self.topo.nodes.get(pl.node)
+            if node_cells is None:
                 raise PlatformError(f"allocate {name}: unknown node {pl.node!r}")
             if not pl.leaf_cell_indices:
                 raise PlatformError(f"allocate {name}: {pl.task_role}[{pl.index}] has no leaf cells")
-            by_index = {lf.index: lf for lf in node.leaves}
+            by_index = {lf.index: lf for c in node_cells for lf in c.leaves}
             leaves = []
             for i in pl.leaf_cell_indices:
                 lf = by_index.get(i)
@@ -1341,43 +1341,47 @@ class HivedScheduler:
         """Mark a node (un)healthy (or cordoned): an unhealthy node gets no new placements; existing
         ones stay and its cells stay counted in quota.  Free virtual cells bind to healthy cells
         first; see ``status()['virtualClusters'][vc]['doomedBadCells']``."""
-        cell = self.topo.nodes.get(node)
-        if cell is None:
+        cells = self.topo.nodes.get(node)
+        if cells is None:
             raise ValidationError("node", f"unknown node {node!r}")
         if healthy == (node not in self._unhealthy):
             return
-        n = len(cell.leaves)
         if healthy:
             self._unhealthy.discard(node)
-            for c in cell.internal or [cell]:
-                c.bad = 0
-            for lf in cell.leaves:
-                lf.bad = 0
-            for a in cell.ancestors():
-                a.bad -= n
-            for seg in cell.segs.values():
-                for idx in seg.index:
-                    idx.move(seg, 0, seg.free)
         else:
-            for seg in cell.segs.values():
-                for idx in seg.index:
-                    idx.move(seg, seg.free, 0)
             self._unhealthy.add(node)
-            for c in cell.internal or [cell]:
-                c.bad = len(c.leaves)
-            for lf in cell.leaves:
-                lf.bad = 1
-            for a in cell.ancestors():
-                a.bad += n
+        for cell in cells:  # one node-level cell per chain the node is in
+            n = len(cell.leaves)
+            if healthy:
+                for c in cell.internal or [cell]:
+                    c.bad = 0
+                for lf in cell.leaves:
+                    lf.bad = 0
+                for a in cell.ancestors():
+                    a.bad -= n
+                for seg in cell.segs.values():
+                    for idx in seg.index:
+                        idx.move(seg, 0, seg.free)
+            else:
+                for seg in cell.segs.values():
+                    for idx in seg.index:
+                        idx.move(seg, seg.free, 0)
+                for c in cell.internal or [cell]:
+                    c.bad = len(c.leaves)
+                for lf in cell.leaves:
+                    lf.bad = 1
+                for a in cell.ancestors():
+                    a.bad += n
 
     # ------------------------------------------------------------------ queries
     def nodes(self) -> dict[str, NodeInfo]:
         """Node name -> NodeInfo (leaf cells, GPUs, sku) from the physical config."""
         out = {}
-        for name, node in self.topo.nodes.items():
-            sku = node.leaves[0].sku if node.leaves else ""
-            gpus = len(node.leaves) * (self._skus[sku].gpu if sku else 0)
-            out[name] = NodeInfo(name, len(node.leaves), gpus, sku)
+        for name, cells in self.topo.nodes.items():
+            leaves = [lf for c in cells for lf in c.leaves]
+            skus = list(dict.fromkeys(lf.sku for lf in leaves))
+            gpus = sum(self._skus[lf.sku].gpu for lf in leaves)
+            out[name] = NodeInfo(name, len(leaves), gpus, "+".join(skus))  # "+": a node of several leaf types
         return out
 
     def group_of(self, name: str) -> list[TaskPlacement]:
@@ -1400,9 +1404,10 @@ class HivedScheduler:
             return out
         by_chain: dict[str, dict[Cell, None]] = defaultdict(dict)
         for n in self._unhealthy:
-            f = self._free_ancestor(self.topo.nodes[n])
-            if f is not None:
-                by_chain[f.chain][f] = None
+            for cell in self.topo.nodes[n]:
+                f = self._free_ancestor(cell)
+                if f is not None:
+                    by_chain[f.chain][f] = None
         for chain_name, frees in by_chain.items():
             chain = self.topo.chains[chain_name]
             H = list(chain.F)
@@ -1486,14 +1491,15 @@ class HivedScheduler:
         nodes: dict[str, dict[str, Any]] = {}
         if vc is None:
             nodes = {
-                n: {"leafCells": len(c.leaves), "healthy": n not in self._unhealthy, "used": {}}
-                for n, c in self.topo.nodes.items()
+                n: {"leafCells": sum(len(c.leaves) for c in cs), "healthy": n not in self._unhealthy, "used": {}}
+                for n, cs in self.topo.nodes.items()
             }
         for gname in groups:
             for pl in self._groups[gname].placements.values():
-                c = self.topo.nodes[pl.node]
+                cs = self.topo.nodes[pl.node]
+                leaf_cells = sum(len(c.leaves) for c in cs)
                 row = nodes.setdefault(
-                    pl.node, {"leafCells": len(c.leaves), "healthy": pl.node not in self._unhealthy, "used": {}}
+                    pl.node, {"leafCells": leaf_cells, "healthy": pl.node not in self._unhealthy, "used": {}}
                 )
                 row["used"][gname] = row["used"].get(gname, 0) + len(pl.leaf_cell_indices)
         res = {
@@ -1568,7 +1574,7 @@ class HivedScheduler:
                             fail(f"guaranteed {name} of VC {vc} uses leaf {lf.node}/{lf.index} outside its cells")
                     elif lf.pinned_cell_id is not None:
                         fail(f"opportunistic {name} uses pinned leaf {lf.node}/{lf.index}")
-        for node in self.topo.nodes.values():
+        for node in self.topo.node_cells():
             for lf in node.leaves:
                 if lf.group is not None and owner.get(id(lf)) != lf.group:
                     fail(f"leaf {node.address}/{lf.index} records unknown user {lf.group}")
@@ -1624,10 +1630,9 @@ class HivedScheduler:
             plan: list[Cell] = []  # the same virtual-cell levels as before, where the cells still exist
             for lf in (x for lv in g.leaves.values() for x in lv):
                 root = lf.bound_root()
-                node = new.topo.nodes.get(lf.node_name)
-                if root is None or node is None or root.state != BOUND:
+                if root is None or lf.node_name not in new.topo.nodes or root.state != BOUND:
                     continue
-                nl = next((x for x in node.leaves if x.index == lf.index), None)
+                nl = next((x for x in new.topo.node_leaves(lf.node_name) if x.index == lf.index), None)
                 a = new._ancestor_at(nl, root.level) if nl is not None else None
                 if a is not None and a.cell_type == root.cell_type and a not in plan:
                     plan.append(a)

@@ -12,13 +12,19 @@ wrapper::
 Concepts (HiveD user manual):
 
 * ``skuTypes`` are the *leaf cells*: one resource unit in every dimension (``gpu`` count, ``cpu``
-  cores, ``memory`` as a Kubernetes quantity such as ``4096Mi`` or ``16Gi``).
+  cores, ``memory`` as a Kubernetes quantity such as ``4096Mi`` or ``16Gi``).  OpenPAI's configs
+  give them; HiveD's own (``example/config/design/hivedscheduler.yaml``) do not: there every
+  ``childCellType`` that is not a cell type is a leaf type of one GPU, and cpu and memory are not
+  accounted.  A sku may likewise omit ``cpu`` or ``memory``.
 * ``cellTypes`` build a tree of cell types: each type has ``childCellNumber`` children of
   ``childCellType`` (another cell type or a sku type); ``isNodeLevel`` marks the type that is one
   machine.  The top type of a ``physicalCells`` entry names a *chain*.
 * ``physicalCells`` lists the real hardware; ``cellAddress`` of a node-level cell is the node name,
-  of a cell below the node its index within the parent (leaf children may be omitted: they are
-  generated with indices 0..n-1).  ``pinnedCellId`` pins a physical cell to a VC.
+  of a cell below the node its index within the parent, and of a leaf cell its device index on the
+  node (the GPU index a task gets).  Children may be omitted or ``null``: they are generated, and a
+  leaf without an address gets its position in the node (HiveD's default).  One node may appear in
+  several chains, one per leaf type (HiveD: "one node has multiple leaf cell types"), if its leaf
+  addresses do not collide.  ``pinnedCellId`` pins a physical cell to a VC.
 * ``virtualClusters`` give each VC a quota of cells by dotted type path inside a chain
   (``GPU-NODE-POOL.GPU-NODE``: cells of type GPU-NODE in chain GPU-NODE-POOL) and optional
   ``pinnedCells``.
@@ -35,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic import ValidationError as PydanticValidationError
 from pydantic.alias_generators import to_camel
 
@@ -89,11 +95,15 @@ class _Model(BaseModel):
 
 
 class SkuType(_Model):
-    """A leaf cell type: the resources of one leaf cell (HiveD ``skuTypes.<name>``)."""
+    """A leaf cell type: the resources of one leaf cell (HiveD ``skuTypes.<name>``).
+
+    ``cpu`` (cores) or ``memory`` (a quantity) left out: that dimension is not accounted (a task's
+    request for it does not cost cells), as in HiveD's own configs, which know only GPUs.
+    """
 
     gpu: int = Field(0, ge=0)
-    cpu: float = Field(gt=0)
-    memory: str
+    cpu: float | None = Field(None, gt=0)
+    memory: str | None = None
 
     @field_validator("memory", mode="before")
     @classmethod
@@ -105,9 +115,9 @@ class SkuType(_Model):
         return v
 
     @property
-    def memory_mb(self) -> int:
-        """Memory of one leaf cell in MiB."""
-        return parse_memory_mb(self.memory)
+    def memory_mb(self) -> int | None:
+        """Memory of one leaf cell in MiB; None when not accounted."""
+        return parse_memory_mb(self.memory) if self.memory is not None else None
 
 
 class CellType(_Model):
@@ -137,15 +147,34 @@ class PhysicalCell(_Model):
     def _address(cls, v: Any) -> Any:
         return _str_or_none(v)
 
+    @field_validator("cell_children", mode="before")
+    @classmethod
+    def _children(cls, v: Any) -> Any:
+        return [] if v is None else v  # HiveD: "cellChildren: null # null, empty or not specified"
+
 
 class PhysicalCluster(_Model):
-    sku_types: dict[str, SkuType]
+    sku_types: dict[str, SkuType] = Field(default_factory=dict)
     cell_types: dict[str, CellType] = Field(default_factory=dict)
     physical_cells: list[PhysicalCell]
 
+    @model_validator(mode="after")
+    def _implicit_skus(self) -> PhysicalCluster:
+        """HiveD's own configs have no ``skuTypes``: every child type that is not a cell type is a
+        leaf type of one GPU (cpu and memory not accounted)."""
+        if not self.sku_types:
+            types = self.cell_types
+            leaves = [ct.child_cell_type for ct in types.values() if ct.child_cell_type not in types]
+            self.sku_types = {t: SkuType(gpu=1) for t in dict.fromkeys(leaves)}
+            self.implicit_skus = True
+        return self
+
+    implicit_skus: bool = Field(False, exclude=True, description="sku types derived from the cell types")
+
 
 class VirtualCell(_Model):
-    """``cell_number`` cells of the dotted type path ``cell_type`` (``CHAIN.TYPE``) for one VC."""
+    """``cell_number`` cells (0 or more) of the dotted type path ``cell_type`` (``CHAIN.TYPE``) for one
+    VC."""
 
     cell_type: str
     cell_number: int
@@ -171,10 +200,21 @@ class VirtualCluster(_Model):
 
 class ClusterConfig(_Model):
     """A whole HiveD config.  Build it with :func:`load_cluster_config` (which runs the semantic
-    checks) or :meth:`from_dict`."""
+    checks) or :meth:`from_dict`.
+
+    HiveD's scheduler-service settings (``kubeApiServerAddress`` and the others of HiveD's
+    ``pkg/api/config.go``) are accepted so that HiveD's own config files load unmodified; Apiary
+    does not use them.
+    """
 
     physical_cluster: PhysicalCluster
     virtual_clusters: dict[str, VirtualCluster] = Field(default_factory=dict)
+    kube_api_server_address: str | None = None
+    kube_config_file_path: str | None = None
+    web_server_address: str | None = None
+    force_pod_bind_threshold: int | None = None
+    waiting_pod_scheduling_block_milli_sec: int | None = None
+    quota_exclude_v_cs: list[str] | None = Field(None, alias="quotaExcludeVCs")
 
     # ---- helpers used by the scheduler -------------------------------------------------------
     def child_type(self, cell_type: str) -> str | None:
@@ -208,8 +248,12 @@ class ClusterConfig(_Model):
         return out
 
     def to_yaml(self) -> str:
-        """The bare HiveD config as YAML (camelCase keys, ``None`` fields left out)."""
-        return yaml.safe_dump(self.model_dump(by_alias=True, exclude_none=True, mode="json"), sort_keys=False)
+        """The bare HiveD config as YAML (camelCase keys, ``None`` fields left out; derived sku types
+        left out too, so a HiveD-style config stays one)."""
+        data = self.model_dump(by_alias=True, exclude_none=True, mode="json")
+        if self.physical_cluster.implicit_skus:
+            data["physicalCluster"].pop("skuTypes", None)
+        return yaml.safe_dump(data, sort_keys=False)
 
     @classmethod
     def from_dict(cls, data: Any) -> ClusterConfig:
@@ -268,7 +312,7 @@ def _check_semantics(cfg: ClusterConfig) -> None:
 
     if not pc.physical_cells:
         raise ValidationError("physicalCluster.physicalCells", "at least one physical cell is required")
-    addresses: dict[str, str] = {}
+    addresses: dict[tuple[str, str], str] = {}  # (node name, leaf type) -> path
     pinned: dict[str, str] = {}
 
     def walk(cell: PhysicalCell, expected: str | None, path: str, above_node: bool) -> None:
@@ -285,6 +329,11 @@ def _check_semantics(cfg: ClusterConfig) -> None:
                     raise ValidationError(f"{path}.cellChildren", f"leaf cell {t!r} has no children")
                 if above_node:
                     raise ValidationError(f"{path}.cellType", f"leaf cell {t!r} is not under a node")
+                if cell.cell_address is not None and not cell.cell_address.isdigit():
+                    raise ValidationError(
+                        f"{path}.cellAddress",
+                        f"{cell.cell_address!r}: a leaf cell's address is its device index on the node (0, 1, ...)",
+                    )
                 _pin(cell, path)
                 return
             raise ValidationError(f"{path}.cellType", f"unknown cell type {t!r}")
@@ -300,12 +349,14 @@ def _check_semantics(cfg: ClusterConfig) -> None:
                 raise ValidationError(
                     f"{path}.cellAddress", "a node-level cell needs cellAddress (node name)"
                 )
-            if cell.cell_address in addresses:
+            # A node may appear once per leaf type (HiveD: one node with several leaf cell types).
+            where = (cell.cell_address, cfg.leaf_sku(t))
+            if where in addresses:
                 raise ValidationError(
                     f"{path}.cellAddress",
-                    f"node {cell.cell_address!r} already at {addresses[cell.cell_address]}",
+                    f"node {cell.cell_address!r} with leaf type {where[1]!r} already at {addresses[where]}",
                 )
-            addresses[cell.cell_address] = path
+            addresses[where] = path
         if len(cell.cell_children) > ct.child_cell_number:
             raise ValidationError(
                 f"{path}.cellChildren",
@@ -334,8 +385,8 @@ def _check_semantics(cfg: ClusterConfig) -> None:
     for vc_name, vc in cfg.virtual_clusters.items():
         for i, vcell in enumerate(vc.virtual_cells):
             path = f"virtualClusters.{vc_name}.virtualCells[{i}]"
-            if vcell.cell_number < 1:
-                raise ValidationError(f"{path}.cellNumber", f"must be >= 1, got {vcell.cell_number}")
+            if vcell.cell_number < 0:
+                raise ValidationError(f"{path}.cellNumber", f"must be >= 0, got {vcell.cell_number}")
             parts = vcell.cell_type.split(".")
             if parts[0] not in chains:
                 raise ValidationError(
@@ -365,10 +416,11 @@ def load_cluster_config(source: str | bytes | Path) -> ClusterConfig:
     """Load and check a HiveD config.
 
     ``source``: a :class:`~pathlib.Path` (read as UTF-8), YAML text (``str``/``bytes``), or a ``str``
-    naming an existing file when it is one line without ``:``.  Accepts the bare config or OpenPAI's
-    ``hivedscheduler: {config: "<yaml>"}`` wrapper.  Raises ValidationError (field = dotted path)
-    on broken YAML, unknown fields, undefined or cyclic cell types, VC paths that do not exist,
-    ``cellNumber < 1``, unknown pinned cells and the like.
+    naming an existing file when it is one line without ``:``.  Accepts the bare config (HiveD's own
+    ``hivedscheduler.yaml`` included), or OpenPAI's ``hivedscheduler: {config: "<yaml>"}`` wrapper.
+    Raises ValidationError (field = dotted path) on broken YAML, unknown fields, undefined or cyclic
+    cell types, VC paths that do not exist, ``cellNumber < 0``, unknown pinned cells, a non-numeric
+    leaf address and the like.
     """
     if isinstance(source, Path):
         try:
