@@ -85,21 +85,22 @@ def test_gang_larger_than_big_pool_waits_without_leftovers(pool: str, vc: str) -
 
 
 @pytest.mark.parametrize("vc", ["a", "b"])
-def test_mixed_sizes_use_both_pools(vc: str) -> None:
+def test_a_gang_stays_in_one_chain_and_an_incremental_job_uses_both_pools(vc: str) -> None:
+    """HiveD schedules a group inside one chain's cells: a gang of 8-GPU and 2-GPU tasks that no single
+    pool can hold waits (it used to be split over the two pools); without gang allocation the same
+    tasks run in both pools."""
     s, quotas = _scheduler("even")
     n8 = quotas[vc][8]
-    req = GroupRequest(
-        "mix",
-        vc,
-        100,
-        True,
-        (TaskRequest("big", n8, 8, 0.0, 0), TaskRequest("small", 3, 2, 0.0, 0)),
-    )
+    tasks = (TaskRequest("big", n8, 8, 0.0, 0), TaskRequest("small", 3, 2, 0.0, 0))
+    d = s.schedule(GroupRequest("mix", vc, 100, True, tasks))
+    assert d.kind == "wait", [p.node for p in d.placements]
+    s.check_invariants()
+    req = GroupRequest("mix", vc, 100, False, tasks)
     d = s.schedule(req)
     assert d.kind == "place", d.reason
     big = [p for p in d.placements if p.task_role == "big"]
     small = [p for p in d.placements if p.task_role == "small"]
     assert len({p.node for p in big}) == n8 and all(p.node.startswith("m") for p in big)
-    assert all(p.node.startswith("s") for p in small)
+    assert len(small) == 3 and all(p.node.startswith("s") for p in small)
     s.allocate("mix", req, d.placements)
     s.check_invariants()

@@ -254,10 +254,18 @@ def _fit(items: Sequence[_Item], src: _Source, gang: bool) -> _Fit | None:
             if r is not None:
                 return r
         depth += 1
-    r = _greedy(items, avail, partial=False)  # across chains
-    if r is not None or gang:
-        return r
-    r = _greedy(items, avail, partial=True)
+    # Across the top-level cells of one chain, never across chains: HiveD schedules a group within one
+    # chain's cells (its cluster view is per chain), so a gang is never split over two hierarchies.
+    chains: dict[str, dict[Segment, list[Cell]]] = {}
+    for s, lv in avail.items():
+        chains.setdefault(s.node.chain, {})[s] = lv
+    for part in chains.values():
+        r = _greedy(items, part, partial=False)
+        if r is not None:
+            return r
+    if gang:
+        return None
+    r = _greedy(items, avail, partial=True)  # an incremental group places what fits, anywhere
     return r or None
 
 
@@ -367,10 +375,15 @@ class HivedScheduler:
         self._cluster_skus = [s for s in self._sku_order if self._pool_leaves.get((ALL_VCS, None, s))]
 
     # ------------------------------------------------------------------ segments
-    def _seg(self, node: Cell, pool: PoolKey) -> Segment:
-        seg = node.segs.get(pool)
+    def _seg(self, node: Cell, pool: PoolKey, cell: Cell | None = None) -> Segment:
+        """The segment of ``pool`` on ``node``; with ``cell`` (a VC's bound cell below node level) the
+        segment of that cell alone: a task must fit inside one of its VC's cells (HiveD treats a
+        top-level virtual cell below node level as a node of its own), so two bound sockets of one
+        node are two segments, never one 8-GPU place."""
+        key = pool if cell is None else (*pool, id(cell))
+        seg = node.segs.get(key)
         if seg is None:
-            seg = node.segs[pool] = Segment(node, pool, self._seg_order)
+            seg = node.segs[key] = Segment(node, pool, self._seg_order)
             self._seg_order += 1
             idx = self._index.get(pool)
             if idx is None:
@@ -386,7 +399,7 @@ class HivedScheduler:
             for idx in seg.index:
                 idx.move(seg, old, seg.free)
 
-    def _move_leaf(self, lf: Cell, vc: str | None) -> None:
+    def _move_leaf(self, lf: Cell, vc: str | None, cell: Cell | None = None) -> None:
         old = lf.segment
         assert old is not None and lf.node is not None
         free = lf.group is None and lf.reserved_by is None
@@ -394,7 +407,7 @@ class HivedScheduler:
         if free:
             self._seg_free(old, -1)
         lf.vc = vc
-        seg = self._seg(lf.node, (vc, lf.pinned_cell_id, lf.sku))
+        seg = self._seg(lf.node, (vc, lf.pinned_cell_id, lf.sku), cell)
         seg.leaves[lf] = None
         lf.segment = seg
         if free:
@@ -448,8 +461,9 @@ class HivedScheduler:
         if chain.violation() is not None:
             self._unbind(c)
             return False
+        sub_node = c if c.node is not None and c.level < c.node.level else None
         for lf in c.leaves:
-            self._move_leaf(lf, vc)
+            self._move_leaf(lf, vc, sub_node)
             if lf.group is not None and self._groups[lf.group].priority >= 0:
                 c.hold += 1
             elif lf.reserved_by is not None:
@@ -488,13 +502,23 @@ class HivedScheduler:
                 self._unbind(c)
 
     def _cell_key(self, c: Cell, want: int, hint: Cell | None) -> tuple[bool, int, bool, int, int, int, int]:
-        """Order of cells to bind: healthy first, then the lowest free level (buddy: keep big cells
-        whole), then unused ones (binding a used cell means preempting the opportunistic work on it),
-        beside ``hint``; among used cells, the cheapest to preempt: fewest leaf cells in use, then the
-        most recently started occupants (least work lost); then config order."""
-        clean = c.bad == 0 if c.level == want else c.bad < len(c.leaves)
+        """Order of cells to bind: those holding a healthy level-``want`` cell first, then the lowest
+        free level (buddy: keep big cells whole), then unused ones (binding a used cell means
+        preempting the opportunistic work on it), beside ``hint``; among used cells, the cheapest to
+        preempt: fewest leaf cells in use, then the most recently started occupants (least work
+        lost); then config order."""
+        clean = self._has_clean(c, want)
         near = 0 if hint is not None and c.parent is hint else 1
         return (not clean, c.level, c.used > 0, c.used, near, -self._recency(c) if c.used else 0, c.order)
+
+    @staticmethod
+    def _has_clean(c: Cell, level: int) -> bool:
+        """True when ``c`` is or holds a level-``level`` cell with no leaf on an unhealthy node."""
+        if c.bad == 0:
+            return True
+        if c.level <= level or c.bad >= len(c.leaves):
+            return False
+        return any(HivedScheduler._has_clean(ch, level) for ch in c.children)
 
     def _recency(self, c: Cell) -> int:
         """The allocation order of the most recently started group using a leaf of ``c`` (0: none)."""
@@ -515,8 +539,9 @@ class HivedScheduler:
         tops.sort(key=lambda c: self._cell_key(c, lv, hint))
         out = []
         for c in tops[:8]:
-            while c.level > lv:
-                c = min(c.children, key=lambda x: (x.bad > 0, x.used, -self._recency(x) if x.used else 0, x.order))
+            while c.level > lv:  # down to a healthy cell if there is one, the cheapest to preempt
+                c = min(c.children, key=lambda x: (not self._has_clean(x, lv), x.used,
+                                                   -self._recency(x) if x.used else 0, x.order))
             out.append(c)
         return out
 
@@ -525,18 +550,20 @@ class HivedScheduler:
         ``max_item`` leaves, each on one node); the bound cell or None.
 
         A VC may own virtual cells of several chains with the same sku (e.g. a pool of 8-GPU nodes and a
-        pool of 2-GPU nodes).  Only chains whose nodes can hold an item are useful, and chains whose nodes
-        hold the largest item come first: binding small-node cells for big items would spend the search's
-        bindings on cells no item can use and make a gang that fits wait."""
+        pool of 2-GPU nodes), and of several levels.  Only cells that can hold an item are useful (an item
+        fits inside one cell, and on one node), and cells that hold the largest item come first: binding
+        small cells for big items would spend the search's bindings on cells no item can use and make a
+        gang that fits wait."""
         big: list[tuple[Chain, int]] = []
         small: list[tuple[Chain, int]] = []
         for (chain_name, lv), n in self._unbound[vc].items():
             if n <= 0 or self.topo.chain_sku[chain_name] != sku:
                 continue
-            per_node = self._node_leaves(chain_name)
-            if per_node < min_item:
+            chain = self.topo.chains[chain_name]
+            per_item = min(chain.leaves_at[lv], self._node_leaves(chain_name))
+            if per_item < min_item:
                 continue
-            (big if per_node >= max_item else small).append((self.topo.chains[chain_name], lv))
+            (big if per_item >= max_item else small).append((chain, lv))
         for options in (big, small):
             if not options:
                 continue
