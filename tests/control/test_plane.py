@@ -863,3 +863,21 @@ def test_lazy_preemption_downgrades_the_victim_instead_of_stopping_it(tmp_path: 
     assert plane.get_job(high)["tasks"][0]["node"] != low_node
     assert all(a["desired"] == "RUN" for a in plane.assignments(low_node))
     assert [e["type"] for e in plane.events(job_id=low)][-1] == "job.downgraded"
+
+
+def test_reconfigure_keeps_a_lazy_job_its_vc_no_longer_holds_as_opportunistic(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path}/a.db")
+    migrate(engine)
+    plane = ControlPlane(session_factory(engine), load_cluster_config(LAZY_CONFIG), tmp_path / "logs",
+                         lazy_preemption=True)
+    for node in ("node-x", "node-y"):
+        plane.node_report(node, gpus=1, simulated_gpus=True, address="127.0.0.1", agent_id="t", runs=[])
+    job = plane.submit(job_text(2, **{"defaults.virtualCluster": "a"}), "alice")["id"]
+    plane.cycle()
+    node = plane.get_job(job)["tasks"][0]["node"]
+    result = plane.reconfigure(LAZY_CONFIG.replace("cellNumber: 1", "cellNumber: 0"))
+    assert result == {"kept": [job], "stopped": {}}
+    assert plane.check_consistency() == []
+    assert [a["desired"] for a in plane.assignments(node)] == ["RUN"]
+    assert [e["type"] for e in plane.events(job_id=job)][-1] == "job.downgraded"
+    assert plane.cluster_status()["groups"][job]["downgraded"] is True

@@ -393,9 +393,10 @@ class ControlPlane:
     def reconfigure(self, source: str | bytes) -> dict:
         """Apply a changed HiveD cluster config with jobs running (HiveD's reconfiguration).
 
-        Jobs whose cells still exist and whose VC still has quota keep running untouched; every other
-        job's attempt is stopped and retried as a platform retry, with the reason. Its cells are
-        released at once (the new config does not hold them). Returns ``{"kept": [job], "stopped":
+        Jobs whose cells still exist and whose VC still has quota keep running untouched; a job with lazy
+        preemption that its VC can no longer hold runs on as opportunistic (event ``job.downgraded``);
+        every other job's attempt is stopped and retried as a platform retry, with the reason. Its cells
+        are released at once (the new config does not hold them). Returns ``{"kept": [job], "stopped":
         {job: reason}}``. Raises ValidationError (nothing changes) for an illegal config, the same
         checks ``apiary up`` runs (:func:`apiary.control.config.check_cluster_config`).
         """
@@ -404,6 +405,9 @@ class ControlPlane:
         with self._lock, self._sessions() as s:
             new, dropped = self.scheduler.reconfigured(config)
             w = self._work(s)
+            # Jobs the new config keeps only as opportunistic run on (HiveD's lazy preemption).
+            for job_id in sorted(set(new.downgraded()) - set(self.scheduler.downgraded()) - set(dropped)):
+                w.step(job_id, Downgraded(by="cluster-config"))
             stopped: dict[str, str] = {}
             for job_id, why in sorted(dropped.items()):
                 loaded = w.load(job_id)

@@ -111,7 +111,8 @@ class Cell:
         self.segment: Segment | None = None
         self.all_segment: Segment | None = None
         self.internal: list[Cell] = []  # node: its non-leaf descendants (incl. itself) if deeper than 1
-        self.segs: dict[tuple[str | int | None, ...], Segment] = {}  # node: its segments by pool (and sub-node bound cell)
+        # node: its segments, by pool (and by the bound cell, for a VC cell below node level)
+        self.segs: dict[tuple[str | int | None, ...], Segment] = {}
 
     @property
     def node_name(self) -> str:

@@ -501,15 +501,33 @@ class HivedScheduler:
             if c.state == BOUND and c.hold == 0:
                 self._unbind(c)
 
-    def _cell_key(self, c: Cell, want: int, hint: Cell | None) -> tuple[bool, int, bool, int, int, int, int]:
+    def _cell_key(self, c: Cell, want: int, hint: Cell | None) -> tuple[bool, int, bool, int, int]:
         """Order of cells to bind: those holding a healthy level-``want`` cell first, then the lowest
         free level (buddy: keep big cells whole), then unused ones (binding a used cell means
         preempting the opportunistic work on it), beside ``hint``; among used cells, the cheapest to
-        preempt: fewest leaf cells in use, then the most recently started occupants (least work
-        lost); then config order."""
+        preempt: fewest leaf cells in use, then (:meth:`_by_cost`) the most recently started
+        occupants (least work lost); then config order."""
         clean = self._has_clean(c, want)
         near = 0 if hint is not None and c.parent is hint else 1
-        return (not clean, c.level, c.used > 0, c.used, near, -self._recency(c) if c.used else 0, c.order)
+        return (not clean, c.level, c.used > 0, c.used, near)
+
+    def _by_cost(self, cells: list[Cell], key: Callable[[Cell], tuple[Any, ...]]) -> list[Cell]:
+        """``cells`` ordered by ``key``, then among used cells with equal keys by the most recently
+        started occupant first (:meth:`_recency` scans leaves, so only ties pay for it), then by
+        config order."""
+        keyed = sorted(((key(c), c.order, c) for c in cells), key=lambda t: (t[0], t[1]))
+        out: list[Cell] = []
+        i = 0
+        while i < len(keyed):
+            j = i + 1
+            while j < len(keyed) and keyed[j][0] == keyed[i][0]:
+                j += 1
+            run = [t[2] for t in keyed[i:j]]
+            if j - i > 1 and run[0].used:
+                run.sort(key=lambda c: (-self._recency(c), c.order))
+            out.extend(run)
+            i = j
+        return out
 
     @staticmethod
     def _has_clean(c: Cell, level: int) -> bool:
@@ -521,9 +539,12 @@ class HivedScheduler:
         return any(HivedScheduler._has_clean(ch, level) for ch in c.children)
 
     def _recency(self, c: Cell) -> int:
-        """The allocation order of the most recently started group using a leaf of ``c`` (0: none)."""
-        seqs = [self._groups[lf.group].seq for lf in c.leaves if lf.group is not None]
-        return max(seqs, default=0)
+        """The allocation order of the most recently started group using a leaf of ``c`` (0: none).
+        Above node level 0: the tie it breaks is between nodes, which the descent reaches anyway, and
+        scanning a rack's leaves on every binding cost more than the rest of scheduling."""
+        if c.node is None:
+            return 0
+        return max((self._groups[lf.group].seq for lf in c.leaves if lf.group is not None), default=0)
 
     def _bind_candidates(self, chain: Chain, lv: int, hint: Cell | None) -> list[Cell]:
         """Physical level-``lv`` cells to try binding, best first: healthy, lowest free level (buddy),
@@ -536,12 +557,11 @@ class HivedScheduler:
                 n += 1
                 if n >= _BIND_SCAN:
                     break
-        tops.sort(key=lambda c: self._cell_key(c, lv, hint))
+        tops = self._by_cost(tops, lambda c: self._cell_key(c, lv, hint))
         out = []
         for c in tops[:8]:
             while c.level > lv:  # down to a healthy cell if there is one, the cheapest to preempt
-                c = min(c.children, key=lambda x: (not self._has_clean(x, lv), x.used,
-                                                   -self._recency(x) if x.used else 0, x.order))
+                c = self._by_cost(c.children, lambda x: (not self._has_clean(x, lv), x.used))[0]
             out.append(c)
         return out
 
@@ -993,7 +1013,10 @@ class HivedScheduler:
                 r = try_fit(trial)
                 if r is not None:
                     chosen, fit = trial, r
-        lazy = [g for g in chosen if self._groups[g].priority >= 0 and self._lazy_ok(self._groups[g])]
+        # A group on pinned cells cannot run on as opportunistic (pinned cells are their VC's alone):
+        # it is stopped outright, as HiveD names it a victim.
+        lazy = [g for g in chosen if self._groups[g].priority >= 0 and self._lazy_ok(self._groups[g])
+                and not any(lf.pinned_cell_id is not None for lv in self._groups[g].leaves.values() for lf in lv)]
         if lazy:  # lazy preemption: downgrade first, kill only if still needed (schedule re-plans)
             for g in lazy:
                 self._downgrade(g)
@@ -1040,7 +1063,8 @@ class HivedScheduler:
     def _resume_reservation(
         self, request: GroupRequest, res: _Reservation, pending: tuple[Instance, ...]
     ) -> Decision | None:
-        if res.pending != pending or res.priority != request.priority:
+        if res.pending != pending or res.priority != request.priority or any(lf.bad for lf in res.leaves):
+            # changed, or a reserved cell's node went bad: HiveD deletes the preempting group then
             self.cancel(request.name)
             return None
         occupants = list(dict.fromkeys(lf.group for lf in res.leaves if lf.group is not None))
@@ -1306,7 +1330,17 @@ class HivedScheduler:
         if guaranteed and resolved:
             if plan is None:
                 plan = plan_entry[1] if plan_entry is not None and plan_entry[0] == tuple(placements) else []
-            self._cover(name, request.virtual_cluster, [lf for _, lv in resolved for lf in lv], plan)
+            new = self._cover(name, request.virtual_cluster, [lf for _, lv in resolved for lf in lv], plan)
+            for pl, leaves in resolved:  # a task inside one of its VC's cells (see _seg)
+                roots = {id(lf.bound_root()) for lf in leaves if lf.pinned_cell_id is None}
+                if len(roots) > 1:
+                    for c in reversed(new):
+                        if c.state == BOUND and c.hold == 0:
+                            self._unbind(c)
+                    raise PlatformError(
+                        f"allocate {name}: {pl.task_role}[{pl.index}] on {pl.node} would span {len(roots)} of VC "
+                        f"{request.virtual_cluster}'s cells; a task must fit inside one"
+                    )
         self._cancel(name)
         if g is None:
             self._alloc_seq += 1
@@ -1425,7 +1459,11 @@ class HivedScheduler:
         return [n for n, g in self._groups.items() if g.priority < 0 <= g.request.priority]
 
     def _doomed(self) -> dict[str, dict[tuple[str, int], int]]:
-        """Per VC and (chain, level): unbound virtual cells only bad hardware can satisfy now."""
+        """Per VC and (chain, level): unbound virtual cells only bad hardware can satisfy now.
+
+        Per VC, as HiveD does (``tryBindDoomedBadCell``): a VC's free virtual cells are doomed when that
+        VC alone has more of them (at a level and above) than the chain has healthy free cells; the
+        other VCs' demand does not count against it (each would take the healthy cells first)."""
         out: dict[str, dict[tuple[str, int], int]] = {v: {} for v in self._vcs}
         if not self._unhealthy:
             return out
@@ -1449,19 +1487,17 @@ class HivedScheduler:
             for f in frees:
                 H[f.level] -= len(f.leaves)
                 clean(f)
-            sh = sd = lost = 0
-            for lv in range(chain.top, 0, -1):
-                sh += H[lv]
-                sd += chain.D[lv]
-                deficit = sd - sh - lost
-                if deficit > 0 and chain.D[lv] > 0:
-                    cells = min(-(-deficit // chain.leaves_at[lv]), chain.D[lv] // chain.leaves_at[lv])
-                    lost += cells * chain.leaves_at[lv]
-                    for v in self._vcs:
-                        k = min(cells, self._unbound[v].get((chain_name, lv), 0))
-                        if k > 0:
-                            out[v][(chain_name, lv)] = k
-                            cells -= k
+            for v in self._vcs:
+                sh = sd = lost = 0
+                for lv in range(chain.top, 0, -1):
+                    dv = self._unbound[v].get((chain_name, lv), 0) * chain.leaves_at[lv]
+                    sh += H[lv]
+                    sd += dv
+                    deficit = sd - sh - lost
+                    if deficit > 0 and dv > 0:
+                        cells = min(-(-deficit // chain.leaves_at[lv]), dv // chain.leaves_at[lv])
+                        lost += cells * chain.leaves_at[lv]
+                        out[v][(chain_name, lv)] = cells
         return out
 
     def status(self, vc: str | None = None) -> dict[str, Any]:
@@ -1627,8 +1663,10 @@ class HivedScheduler:
         """Apply a changed cluster config with groups running (HiveD reconfiguration).
 
         Groups whose cells still exist and whose VC still has quota for them keep their placements
-        (replayed with :meth:`allocate`, guaranteed groups first); returns {group: explanation} for
-        each group that no longer fits (dropped here; the caller stops or retries it).
+        (replayed with :meth:`allocate`, guaranteed groups first); a guaranteed group with lazy
+        preemption that its VC can no longer hold runs on as opportunistic (downgraded), as HiveD
+        keeps it; returns {group: explanation} for each group that no longer fits at all (dropped
+        here; the caller stops or retries it).
         Reservations are dropped (preemptors schedule again); node health is kept for nodes that
         still exist.  Raises ValidationError (state unchanged) when ``new_config`` itself is illegal.
         """
@@ -1666,9 +1704,22 @@ class HivedScheduler:
             try:
                 new._allocate(name, req, list(g.placements.values()), plan)
             except PlatformError as e:
-                dropped[name] = f"no longer fits: {e.message}"
                 new._groups.pop(name, None)
                 new._groups_prio[req.virtual_cluster][-1].pop(name, None)
+                # HiveD keeps a guaranteed group its VC can no longer hold running as opportunistic
+                # (lazy preemption); only what cannot run at all is dropped.
+                if g.priority >= 0 and self._lazy_ok(g):
+                    new._groups[name] = _Group(req, priority=-1)
+                    new._groups_prio[req.virtual_cluster][-1][name] = None
+                    try:
+                        new._allocate(name, req, list(g.placements.values()), [])
+                    except PlatformError:
+                        new._groups.pop(name, None)
+                        new._groups_prio[req.virtual_cluster][-1].pop(name, None)
+                    else:
+                        new._groups[name].seq = g.seq
+                        continue
+                dropped[name] = f"no longer fits: {e.message}"
                 continue
             new._groups[name].seq = g.seq  # keep the allocation order across the replay
         new._alloc_seq = self._alloc_seq
