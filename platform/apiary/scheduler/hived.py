@@ -324,6 +324,9 @@ class HivedScheduler:
         self._groups_prio: dict[str, dict[int, dict[str, None]]] = {v: defaultdict(dict) for v in self._vcs}
         self._reserved: dict[str, int] = defaultdict(int)
         self._oppo_used: dict[str, int] = defaultdict(int)
+        # vc -> opportunistic groups using leaves of cells bound to vc -> how many: the candidates a
+        # preemption in vc may stop besides vc's own lower-priority groups (found without a scan)
+        self._oppo_in: dict[str, dict[str, int]] = defaultdict(dict)
         self._used_sku: dict[tuple[str, str], int] = defaultdict(int)  # (vc, sku) guaranteed used+reserved
         self._seg_order = 0
         self._alloc_seq = 0  # numbers groups in allocation order (victims: most recently started first)
@@ -406,6 +409,11 @@ class HivedScheduler:
         del old.leaves[lf]
         if free:
             self._seg_free(old, -1)
+        if lf.group is not None and lf.pinned_cell_id is None and self._groups[lf.group].priority < 0:
+            if lf.vc is not None:
+                self._oppo_count(lf.vc, lf.group, -1)
+            if vc is not None:
+                self._oppo_count(vc, lf.group, 1)
         lf.vc = vc
         seg = self._seg(lf.node, (vc, lf.pinned_cell_id, lf.sku), cell)
         seg.leaves[lf] = None
@@ -947,48 +955,75 @@ class HivedScheduler:
         need: dict[tuple[str | None, str], int],
         tent: list[Cell],
     ) -> Decision | None:
-        """One planning pass over the VC's bound cells as they are (see :meth:`_plan_preemption`)."""
-        name, p, vc = request.name, request.priority, request.virtual_cluster
-        base: dict[PoolKey, dict[Segment, list[Cell]]] = {}
-        victim_leaves: dict[str, dict[PoolKey, dict[Segment, list[Cell]]]] = {}
-        for pinned, sku in item_groups:
-            key: PoolKey = (vc, pinned, sku)
-            base[key] = {}
-            for seg in self._pool_segs.get(key, {}):
-                if seg.node.bad > 0:
-                    continue
-                for lf in seg.leaves:
-                    r = lf.reserved_by
-                    r_ok = r is None or r == name or self._prio(r) < p
-                    if lf.group is None:
-                        if r_ok:
-                            base[key].setdefault(seg, []).append(lf)
-                    elif r_ok and lf.group != name and self._groups[lf.group].priority < p:
-                        victim_leaves.setdefault(lf.group, {}).setdefault(key, {}).setdefault(seg, []).append(lf)
+        """One planning pass over the VC's bound cells as they are (see :meth:`_plan_preemption`).
 
-        def counts(chosen: Sequence[str]) -> bool:
-            for (pin, sku), n in need.items():
-                key = (vc, pin, sku)
-                have = sum(len(v) for v in base[key].values()) + sum(
-                    len(lv) for g in chosen for lv in victim_leaves[g].get(key, {}).values()
-                )
-                if have < n:
-                    return False
-            return True
+        Work is proportional to the candidates, not to the VC: free room comes from the pools'
+        indexes (the fullest segments), victims from the VC's lower-priority groups and the index of
+        opportunistic groups in its cells, each read through its own leaves. The shortest prefix of
+        the victim order that fits is found by galloping and bisection (a fit only gets easier with
+        more victims), so a plan costs a few fits however many candidates there are."""
+        name, p, vc = request.name, request.priority, request.virtual_cluster
+        keys: dict[PoolKey, tuple[str | None, str]] = {(vc, pin, sku): (pin, sku) for pin, sku in item_groups}
+        base: dict[PoolKey, dict[Segment, list[Cell]]] = {key: {} for key in keys}
+
+        def usable(lf: Cell) -> bool:
+            r = lf.reserved_by
+            return r is None or r == name or self._prio(r) < p
+
+        def add_room(seg: Segment) -> None:
+            room = base[seg.pool]
+            if seg not in room and seg.node.bad == 0:
+                room[seg] = [lf for lf in seg.leaves if lf.group is None and usable(lf)]
+
+        for key in keys:  # 1. free room: the fullest segments (where the index says there is any)
+            idx = self._index.get(key)
+            if idx is not None:
+                for seg in idx.fullest(_FIT_CANDIDATES):
+                    add_room(seg)
+        for r_name, res in self._reservations.items():  # cells lower-priority preemptors reserved
+            if r_name != name and res.vc == vc and res.priority < p:
+                for lf in res.leaves:
+                    if lf.segment is not None and lf.segment.pool in keys:
+                        add_room(lf.segment)
+        # 2. victims: the VC's lower-priority groups and the opportunistic groups in its cells, in
+        # the order they are taken (see _plan_preemption)
+        cands = [g for prio, names in self._groups_prio[vc].items() if 0 <= prio < p for g in names]
+        cands += [g for g in self._oppo_in.get(vc, {}) if g != name]
+        order = sorted(
+            dict.fromkeys(cands),
+            key=lambda g: (self._groups[g].priority >= 0, self._groups[g].priority, -self._groups[g].seq, g),
+        )
+        victim_leaves: dict[str, dict[PoolKey, dict[Segment, list[Cell]]]] = {}
+
+        def leaves_of(g: str) -> dict[PoolKey, dict[Segment, list[Cell]]]:
+            out = victim_leaves.get(g)
+            if out is None:
+                out = victim_leaves[g] = {}
+                for lv in self._groups[g].leaves.values():
+                    for lf in lv:
+                        seg = lf.segment
+                        if seg is None or seg.pool not in keys or seg.node.bad or not usable(lf):
+                            continue
+                        out.setdefault(seg.pool, {}).setdefault(seg, []).append(lf)
+                        add_room(seg)
+            return out
 
         def try_fit(chosen: Sequence[str]) -> _Fit | None:
-            if not counts(chosen):
-                return None
             out: _Fit = {}
-            for (pin, sku), items in item_groups.items():
-                key = (vc, pin, sku)
-                avail = {s: list(v) for s, v in base[key].items()}
+            for key, (pin, sku) in keys.items():
+                have = sum(len(v) for v in base[key].values()) + sum(
+                    len(lv) for g in chosen for lv in leaves_of(g).get(key, {}).values()
+                )
+                if have < need[(pin, sku)]:
+                    return None
+            for key, (pin, sku) in keys.items():
+                avail = {s: list(v) for s, v in base[key].items() if v}
                 for g in chosen:
-                    for s, lv in victim_leaves[g].get(key, {}).items():
-                        avail.setdefault(s, []).extend(lv)
+                    for s, lv in leaves_of(g).get(key, {}).items():
+                        avail.setdefault(s, [*base[key].get(s, [])]).extend(lv)
                 for s in avail:
                     avail[s].sort(key=lambda c: c.order)
-                r = _fit(items, _Source(avail=avail), gang=True)
+                r = _fit(item_groups[(pin, sku)], _Source(avail=avail), gang=True)
                 if r is None:
                     return None
                 out.update(r)
@@ -997,17 +1032,27 @@ class HivedScheduler:
         fit = try_fit(())
         chosen: list[str] = []
         if fit is None:
-            order = sorted(
-                victim_leaves,
-                key=lambda g: (self._groups[g].priority >= 0, self._groups[g].priority, -self._groups[g].seq, g),
-            )
-            for g in order:
-                chosen.append(g)
-                fit = try_fit(chosen)
+            # The shortest prefix of ``order`` that fits: gallop (1, 2, 4, ...), then bisect.
+            lo, hi = 0, 1
+            while True:
+                if hi >= len(order):
+                    hi = len(order)
+                    fit = try_fit(order[:hi])
+                    if fit is None:
+                        return None
+                    break
+                fit = try_fit(order[:hi])
                 if fit is not None:
                     break
-            if fit is None:
-                return None
+                lo, hi = hi, hi * 2
+            while hi - lo > 1:  # order[:lo] does not fit, order[:hi] does
+                mid = (lo + hi) // 2
+                r = try_fit(order[:mid])
+                if r is not None:
+                    hi, fit = mid, r
+                else:
+                    lo = mid
+            chosen = list(order[:hi])
             for g in list(reversed(chosen[:-1])):  # minimality
                 trial = [x for x in chosen if x != g]
                 r = try_fit(trial)
@@ -1165,6 +1210,8 @@ class HivedScheduler:
                 self._used_prio[g.request.virtual_cluster][g.priority] -= 1
             else:
                 self._oppo_used[g.request.virtual_cluster] -= 1
+                if lf.vc is not None and not pinned:
+                    self._oppo_count(lf.vc, old_g, -1)
             if group is None:
                 x: Cell | None = lf
                 while x is not None:
@@ -1183,6 +1230,8 @@ class HivedScheduler:
                 self._used_prio[g.request.virtual_cluster][g.priority] += 1
             else:
                 self._oppo_used[g.request.virtual_cluster] += 1
+                if lf.vc is not None and not pinned:
+                    self._oppo_count(lf.vc, group, 1)
             if old_g is None:
                 x = lf
                 while x is not None:
@@ -1208,6 +1257,14 @@ class HivedScheduler:
             self._seg_free(seg, d)
             if lf.all_segment is not None:
                 self._seg_free(lf.all_segment, d)
+
+    def _oppo_count(self, vc: str, group: str, delta: int) -> None:
+        inside = self._oppo_in[vc]
+        n = inside.get(group, 0) + delta
+        if n:
+            inside[group] = n
+        else:
+            inside.pop(group, None)
 
     def _ancestor_at(self, lf: Cell, level: int) -> Cell | None:
         x: Cell | None = lf
@@ -1657,6 +1714,15 @@ class HivedScheduler:
             total = sum(s.free for s in self._pool_segs[pool] if s.node.bad == 0)
             if total != idx.total:
                 fail(f"index {pool} total {idx.total}, actual {total}")
+        inside: dict[str, dict[str, int]] = defaultdict(dict)
+        for name, g in self._groups.items():
+            if g.priority < 0:
+                for lf in (x for lv in g.leaves.values() for x in lv):
+                    if lf.vc is not None and lf.pinned_cell_id is None:
+                        inside[lf.vc][name] = inside[lf.vc].get(name, 0) + 1
+        for v in set(inside) | set(self._oppo_in):
+            if inside.get(v, {}) != self._oppo_in.get(v, {}):
+                fail(f"opportunistic groups in VC {v}'s cells {dict(self._oppo_in.get(v, {}))}, actual {inside[v]}")
 
     # ------------------------------------------------------------------ reconfiguration
     def reconfigure(self, new_config: ClusterConfig) -> dict[str, str]:
