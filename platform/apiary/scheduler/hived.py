@@ -36,8 +36,10 @@ No I/O, clock, threads or randomness: every call is a deterministic function of 
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
+from itertools import islice
 from typing import Any
 
 from apiary.errors import PlatformError, QuotaExceededError, ValidationError
@@ -117,17 +119,17 @@ def _who(g: _Group) -> str:
 
 class _Source:
     """Available leaves for a fit: a live BucketIndex of free leaves (``index``) or, without one,
-    an explicit overlay ``avail`` (segment -> its available leaves)."""
+    an explicit overlay ``avail`` (segment -> its available leaves).  A fit reads counts first
+    (:meth:`counts`) and the leaves (:meth:`leaves`) only of the segments it picks: listing the
+    leaves of every candidate segment cost more than the rest of the fit."""
 
     def __init__(
         self,
         index: BucketIndex | None = None,
         avail: dict[Segment, list[Cell]] | None = None,
-        group: str | None = None,
     ) -> None:
         self.index = index
         self.avail: dict[Segment, list[Cell]] = avail if avail is not None else {}
-        self.group = group
 
     def best_fit(self, need: int) -> Segment | None:
         if self.index is not None:
@@ -141,15 +143,19 @@ class _Source:
         return best
 
     def leaves(self, seg: Segment) -> list[Cell]:
+        """The available leaves of ``seg``, in tree order."""
         if self.index is None:
             return self.avail[seg]
-        return seg.free_leaves(self.group)
+        return seg.free_leaves()
 
-    def as_dict(self) -> dict[Segment, list[Cell]]:
+    def counts(self) -> dict[Segment, int]:
+        """Candidate segment -> available leaves (with an index: the fullest :data:`_FIT_CANDIDATES`
+        segments), in segment order."""
         if self.index is None:
-            return self.avail
+            return {seg: len(self.avail[seg]) for seg in sorted(self.avail, key=lambda s: s.order)}
         segs = self.index.fullest(_FIT_CANDIDATES)
-        return {seg: seg.free_leaves(self.group) for seg in sorted(segs, key=lambda s: s.order)}
+        segs.sort(key=lambda s: s.order)
+        return {seg: seg.free for seg in segs}
 
     def total(self) -> int:
         if self.index is None:
@@ -173,15 +179,15 @@ def _pick_leaves(node: Cell, avail: list[Cell], need: int) -> list[Cell]:
     return [lf for lf in best_cell.leaves if id(lf) in ids][:need]
 
 
-def _greedy(items: Sequence[_Item], avail: dict[Segment, list[Cell]], partial: bool) -> _Fit | None:
-    """Best-fit each item (largest first) onto segments; same node preferred for the next item."""
+def _greedy(items: Sequence[_Item], avail: dict[Segment, int], src: _Source, partial: bool) -> _Fit | None:
+    """Best-fit each item (largest first) onto segments (``avail``: segment -> available leaves,
+    in segment order; the leaves come from ``src``); same node preferred for the next item."""
     if not avail:
         return {} if partial else None
-    maxc = max(len(v) for v in avail.values())
+    maxc = max(avail.values())
     buckets: list[deque[Segment]] = [deque() for _ in range(maxc + 1)]
-    for seg in sorted(avail, key=lambda s: s.order):
-        buckets[len(avail[seg])].append(seg)
-    remaining = {seg: list(v) for seg, v in avail.items()}
+    for seg, n in avail.items():
+        buckets[n].append(seg)
     assigned: dict[Segment, list[_Item]] = defaultdict(list)
     order = (
         sorted(items, key=lambda it: (-it[2], it[0], it[1]))
@@ -203,7 +209,7 @@ def _greedy(items: Sequence[_Item], avail: dict[Segment, list[Cell]], partial: b
         assigned[chosen].append(it)
     out: _Fit = {}
     for seg, its in assigned.items():
-        pool = remaining[seg]
+        pool = src.leaves(seg)
         for it in its:
             picked = _pick_leaves(seg.node, pool, it[2])
             ids = {id(c) for c in picked}
@@ -221,7 +227,7 @@ def _fit(items: Sequence[_Item], src: _Source, gang: bool) -> _Fit | None:
         return None
     seg = src.best_fit(total)  # the whole group on one node
     if seg is not None:
-        pool = list(src.leaves(seg))
+        pool = src.leaves(seg)
         out: _Fit = {}
         for it in sorted(items, key=lambda it: (-it[2], it[0], it[1])):
             picked = _pick_leaves(seg.node, pool, it[2])
@@ -231,41 +237,41 @@ def _fit(items: Sequence[_Item], src: _Source, gang: bool) -> _Fit | None:
         return out
     if len(items) == 1:
         return None
-    avail = src.as_dict()
+    avail = src.counts()
     # lowest common ancestor first: try every ancestor level above the node, fullest cell first
     depth = 1
     while True:
-        members: dict[Cell, list[Segment]] = {}
+        members: dict[Cell, dict[Segment, int]] = {}
         agg: dict[Cell, int] = defaultdict(int)
         any_anc = False
-        for s, lv in avail.items():
+        for s, n in avail.items():
             anc: Cell | None = s.node
             for _ in range(depth):
                 anc = anc.parent if anc is not None else None
             if anc is None:
                 continue
             any_anc = True
-            members.setdefault(anc, []).append(s)
-            agg[anc] += len(lv)
+            members.setdefault(anc, {})[s] = n
+            agg[anc] += n
         if not any_anc:
             break
         for anc in sorted((a for a in agg if agg[a] >= total), key=lambda a: (agg[a], a.order)):
-            r = _greedy(items, {s: avail[s] for s in members[anc]}, partial=False)
+            r = _greedy(items, members[anc], src, partial=False)
             if r is not None:
                 return r
         depth += 1
     # Across the top-level cells of one chain, never across chains: HiveD schedules a group within one
     # chain's cells (its cluster view is per chain), so a gang is never split over two hierarchies.
-    chains: dict[str, dict[Segment, list[Cell]]] = {}
-    for s, lv in avail.items():
-        chains.setdefault(s.node.chain, {})[s] = lv
+    chains: dict[str, dict[Segment, int]] = {}
+    for s, n in avail.items():
+        chains.setdefault(s.node.chain, {})[s] = n
     for part in chains.values():
-        r = _greedy(items, part, partial=False)
+        r = _greedy(items, part, src, partial=False)
         if r is not None:
             return r
     if gang:
         return None
-    r = _greedy(items, avail, partial=True)  # an incremental group places what fits, anywhere
+    r = _greedy(items, avail, src, partial=True)  # an incremental group places what fits, anywhere
     return r or None
 
 
@@ -519,12 +525,11 @@ class HivedScheduler:
         near = 0 if hint is not None and c.parent is hint else 1
         return (not clean, c.level, c.used > 0, c.used, near)
 
-    def _by_cost(self, cells: list[Cell], key: Callable[[Cell], tuple[Any, ...]]) -> list[Cell]:
+    def _by_cost(self, cells: list[Cell], key: Callable[[Cell], tuple[Any, ...]]) -> Iterator[Cell]:
         """``cells`` ordered by ``key``, then among used cells with equal keys by the most recently
-        started occupant first (:meth:`_recency` scans leaves, so only ties pay for it), then by
-        config order."""
+        started occupant first (:meth:`_recency` scans leaves, so only ties pay for it, and only
+        those the caller reaches: the order is produced lazily), then by config order."""
         keyed = sorted(((key(c), c.order, c) for c in cells), key=lambda t: (t[0], t[1]))
-        out: list[Cell] = []
         i = 0
         while i < len(keyed):
             j = i + 1
@@ -533,9 +538,8 @@ class HivedScheduler:
             run = [t[2] for t in keyed[i:j]]
             if j - i > 1 and run[0].used:
                 run.sort(key=lambda c: (-self._recency(c), c.order))
-            out.extend(run)
+            yield from run
             i = j
-        return out
 
     @staticmethod
     def _has_clean(c: Cell, level: int) -> bool:
@@ -554,9 +558,10 @@ class HivedScheduler:
             return 0
         return max((self._groups[lf.group].seq for lf in c.leaves if lf.group is not None), default=0)
 
-    def _bind_candidates(self, chain: Chain, lv: int, hint: Cell | None) -> list[Cell]:
+    def _bind_candidates(self, chain: Chain, lv: int, hint: Cell | None) -> Iterator[Cell]:
         """Physical level-``lv`` cells to try binding, best first: healthy, lowest free level (buddy),
-        no opportunistic job on them, beside ``hint``."""
+        no opportunistic job on them, beside ``hint``. Lazy: the caller usually binds the first one,
+        and descending from a free rack to its cheapest node is most of the cost."""
         tops: list[Cell] = []
         for m in range(lv, chain.top + 1):
             n = 0
@@ -565,13 +570,10 @@ class HivedScheduler:
                 n += 1
                 if n >= _BIND_SCAN:
                     break
-        tops = self._by_cost(tops, lambda c: self._cell_key(c, lv, hint))
-        out = []
-        for c in tops[:8]:
+        for c in islice(self._by_cost(tops, lambda c: self._cell_key(c, lv, hint)), 8):
             while c.level > lv:  # down to a healthy cell if there is one, the cheapest to preempt
-                c = self._by_cost(c.children, lambda x: (not self._has_clean(x, lv), x.used))[0]
-            out.append(c)
-        return out
+                c = next(self._by_cost(c.children, lambda x: (not self._has_clean(x, lv), x.used)))
+            yield c
 
     def _bind_some(self, vc: str, sku: str, need: int, min_item: int, max_item: int, hint: Cell | None) -> Cell | None:
         """Bind one more virtual cell of ``vc`` for ``need`` leaves of ``sku`` (items of ``min_item`` to
@@ -964,7 +966,8 @@ class HivedScheduler:
         more victims), so a plan costs a few fits however many candidates there are."""
         name, p, vc = request.name, request.priority, request.virtual_cluster
         keys: dict[PoolKey, tuple[str | None, str]] = {(vc, pin, sku): (pin, sku) for pin, sku in item_groups}
-        base: dict[PoolKey, dict[Segment, list[Cell]]] = {key: {} for key in keys}
+        base: dict[PoolKey, dict[Segment, list[Cell]]] = {key: {} for key in keys}  # free room, tree order
+        base_n: dict[PoolKey, int] = dict.fromkeys(keys, 0)
 
         def usable(lf: Cell) -> bool:
             r = lf.reserved_by
@@ -973,7 +976,9 @@ class HivedScheduler:
         def add_room(seg: Segment) -> None:
             room = base[seg.pool]
             if seg not in room and seg.node.bad == 0:
-                room[seg] = [lf for lf in seg.leaves if lf.group is None and usable(lf)]
+                lv = room[seg] = sorted((lf for lf in seg.leaves if lf.group is None and usable(lf)),
+                                        key=lambda c: c.order)
+                base_n[seg.pool] += len(lv)
 
         for key in keys:  # 1. free room: the fullest segments (where the index says there is any)
             idx = self._index.get(key)
@@ -986,20 +991,31 @@ class HivedScheduler:
                     if lf.segment is not None and lf.segment.pool in keys:
                         add_room(lf.segment)
         # 2. victims: the VC's lower-priority groups and the opportunistic groups in its cells, in
-        # the order they are taken (see _plan_preemption)
-        cands = [g for prio, names in self._groups_prio[vc].items() if 0 <= prio < p for g in names]
-        cands += [g for g in self._oppo_in.get(vc, {}) if g != name]
-        order = sorted(
-            dict.fromkeys(cands),
-            key=lambda g: (self._groups[g].priority >= 0, self._groups[g].priority, -self._groups[g].seq, g),
-        )
+        # the order they are taken (see _plan_preemption). The order is produced a bucket at a time
+        # (opportunistic, then each priority upwards): the search usually stops in the first.
+        groups = self._groups
+
+        def recent_first(names: Iterable[str]) -> list[str]:
+            return [g for _, g in sorted((-groups[g].seq, g) for g in names)]
+
+        buckets: list[Callable[[], list[str]]] = [
+            lambda: recent_first(g for g in self._oppo_in.get(vc, {}) if g != name)
+        ]
+        n_cands = sum(1 for g in self._oppo_in.get(vc, {}) if g != name)
+        for prio in sorted(q for q in self._groups_prio[vc] if 0 <= q < p):
+            names = self._groups_prio[vc][prio]
+            n_cands += len(names)
+            buckets.append(partial(recent_first, names))
+        order: list[str] = []
         victim_leaves: dict[str, dict[PoolKey, dict[Segment, list[Cell]]]] = {}
+        # cum[key][k]: leaves of ``key`` that order[:k] holds (order grows only at its end)
+        cum: dict[PoolKey, list[int]] = {key: [0] for key in keys}
 
         def leaves_of(g: str) -> dict[PoolKey, dict[Segment, list[Cell]]]:
             out = victim_leaves.get(g)
             if out is None:
                 out = victim_leaves[g] = {}
-                for lv in self._groups[g].leaves.values():
+                for lv in groups[g].leaves.values():
                     for lf in lv:
                         seg = lf.segment
                         if seg is None or seg.pool not in keys or seg.node.bad or not usable(lf):
@@ -1008,52 +1024,74 @@ class HivedScheduler:
                         add_room(seg)
             return out
 
-        def try_fit(chosen: Sequence[str]) -> _Fit | None:
+        def prefix(k: int) -> list[str]:
+            while len(order) < k and buckets:
+                order.extend(buckets.pop(0)())
+            for g in order[len(cum[next(iter(cum))]) - 1:k]:  # read victims' leaves only when reached
+                held = leaves_of(g)
+                for key, c in cum.items():
+                    c.append(c[-1] + sum(len(lv) for lv in held.get(key, {}).values()))
+            return order[:k]
+
+        def try_fit(chosen: Sequence[str], held: dict[PoolKey, int] | None = None) -> _Fit | None:
+            """A fit with the leaves of ``chosen`` freed; ``held``: their leaf count per pool when
+            the caller knows it (a prefix of ``order``)."""
             out: _Fit = {}
             for key, (pin, sku) in keys.items():
-                have = sum(len(v) for v in base[key].values()) + sum(
+                v = held[key] if held is not None else sum(
                     len(lv) for g in chosen for lv in leaves_of(g).get(key, {}).values()
                 )
-                if have < need[(pin, sku)]:
+                if base_n[key] + v < need[(pin, sku)]:
                     return None
             for key, (pin, sku) in keys.items():
-                avail = {s: list(v) for s, v in base[key].items() if v}
+                room = base[key]
+                avail = {s: v for s, v in room.items() if v}  # shared: a fit does not change them
+                grown: dict[Segment, list[Cell]] = {}
                 for g in chosen:
                     for s, lv in leaves_of(g).get(key, {}).items():
-                        avail.setdefault(s, [*base[key].get(s, [])]).extend(lv)
-                for s in avail:
-                    avail[s].sort(key=lambda c: c.order)
+                        if s not in grown:
+                            avail[s] = grown[s] = [*room.get(s, ())]
+                        grown[s].extend(lv)
+                for lv in grown.values():
+                    lv.sort(key=lambda c: c.order)
                 r = _fit(item_groups[(pin, sku)], _Source(avail=avail), gang=True)
                 if r is None:
                     return None
                 out.update(r)
             return out
 
+        def try_prefix(k: int) -> _Fit | None:
+            chosen = prefix(k)
+            return try_fit(chosen, {key: c[len(chosen)] for key, c in cum.items()})
+
         fit = try_fit(())
         chosen: list[str] = []
         if fit is None:
-            # The shortest prefix of ``order`` that fits: gallop (1, 2, 4, ...), then bisect.
+            # The shortest prefix of the order that fits: gallop (1, 2, 4, ...), then bisect.
             lo, hi = 0, 1
             while True:
-                if hi >= len(order):
-                    hi = len(order)
-                    fit = try_fit(order[:hi])
+                if hi >= n_cands:
+                    hi = n_cands
+                    fit = try_prefix(hi)
                     if fit is None:
                         return None
                     break
-                fit = try_fit(order[:hi])
+                fit = try_prefix(hi)
                 if fit is not None:
                     break
                 lo, hi = hi, hi * 2
             while hi - lo > 1:  # order[:lo] does not fit, order[:hi] does
                 mid = (lo + hi) // 2
-                r = try_fit(order[:mid])
+                r = try_prefix(mid)
                 if r is not None:
                     hi, fit = mid, r
                 else:
                     lo = mid
-            chosen = list(order[:hi])
-            for g in list(reversed(chosen[:-1])):  # minimality
+            # minimality: the fit uses the leaves of some of the chosen groups only, and stays a fit
+            # without the others; then drop, latest taken first, each victim the rest can do without
+            holders = {lf.group for _, lv in fit.values() for lf in lv if lf.group is not None}
+            chosen = [g for g in order[:hi] if g in holders]
+            for g in list(reversed(chosen[:-1])):
                 trial = [x for x in chosen if x != g]
                 r = try_fit(trial)
                 if r is not None:
