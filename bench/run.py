@@ -140,7 +140,10 @@ def scheduler_method(section: dict) -> str:
         "perf_counter_ns time of every schedule() call for one group that ended placed plus its allocate(); "
         "p50_ms/p99_ms (linear interpolation) and max_ms over the samples; placements_per_s = samples / the summed "
         "time of every schedule() and allocate() call of the measured phase, 'wait' answers included; release() "
-        "calls are timed apart (release_mean_ms) and counted in neither."
+        "calls are timed apart (release_mean_ms) and counted in neither. The process runs the control plane's "
+        "garbage-collection policy (apiary.gcpolicy: the built tree collected and frozen, every later full "
+        "collection freezes its survivors); collector pauses inside a timed call are in its sample, and "
+        "gc_max_pause_ms is the longest pause of the measured phase wherever it fell."
     )
 
 
@@ -255,7 +258,8 @@ def run_scheduler(nodes: list[int], samples: int) -> dict:
             f"scheduler nodes={n}: {d['placements_per_s']:.0f} placements/s, p50={d['p50_ms']:.3f} ms "
             f"p99={d['p99_ms']:.3f} ms max={d['max_ms']:.1f} ms over {d['samples']} placements "
             f"({d['attempts']} attempts, {d['waits']} waits, {d['preemptions']} preemptions), utilization "
-            f"{d['utilization_min']:.2f}..{d['utilization_max']:.2f}, build {d['build_s']:.2f} s",
+            f"{d['utilization_min']:.2f}..{d['utilization_max']:.2f}, build {d['build_s']:.2f} s, longest "
+            f"collector pause {d['gc_max_pause_ms']:.1f} ms ({d['gc_full_collections']} full collections)",
             flush=True,
         )
     return section

@@ -14,6 +14,12 @@ are timed (``time.perf_counter_ns``):
 * ``release()`` calls (utilization control and preemption victims) are timed separately
   (``release_mean_ms``) and are in neither figure.
 
+The process runs with the control plane's garbage-collection policy (:mod:`apiary.gcpolicy`,
+installed by ``apiary up``'s control-plane process too): the heap is collected and frozen once the
+scheduler is built, and every later full collection freezes its survivors. Collector pauses that
+fall inside a timed call are part of its sample; ``gc_max_pause_ms`` is the longest pause of the
+measured phase wherever it fell, ``gc_full_collections`` how many full collections it ran.
+
 The scheduler is pure (no clock, randomness, threads or I/O), so the same seed gives the same
 call sequence on every machine; only the timings differ.
 """
@@ -27,6 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from apiary import gcpolicy
 from apiary.scheduler import GroupRequest, HivedScheduler, TaskRequest
 from apiary.spec.cluster import ClusterConfig
 
@@ -138,6 +145,8 @@ class Result:
     util_min: float = 1.0
     util_max: float = 0.0
     by_size: dict[int, int] = field(default_factory=dict)  # placed groups per gang size (GPUs)
+    gc_pauses_ns: list[int] = field(default_factory=list)  # every collection of the measured phase
+    gc_full: int = 0
 
     def to_dict(self) -> dict:
         ms = [x / 1e6 for x in self.samples_ns]
@@ -159,6 +168,8 @@ class Result:
             "placed_by_gang_gpus": {str(k): v for k, v in sorted(self.by_size.items())},
             "build_s": round(self.build_s, 3),
             "gpus": self.gpus,
+            "gc_max_pause_ms": round(max(self.gc_pauses_ns, default=0) / 1e6, 4),
+            "gc_full_collections": self.gc_full,
         }
 
 
@@ -194,7 +205,17 @@ def measure(nodes: int, samples: int, *, seed: int = SEED, max_attempts_factor: 
     t0 = pc()
     sched = HivedScheduler(cfg)
     res = Result(nodes=nodes, gpus=nodes * GPUS_PER_NODE, build_s=(pc() - t0) / 1e9)
-    gc.collect()
+    gcpolicy.install()  # as the control-plane process does; collects and freezes the built tree
+    try:
+        return _drive(sched, cfg_dict, res, nodes, samples, seed, max_attempts_factor)
+    finally:
+        gcpolicy.uninstall()
+
+
+def _drive(
+    sched: HivedScheduler, cfg_dict: dict, res: Result, nodes: int, samples: int, seed: int, max_attempts_factor: int
+) -> Result:
+    pc = time.perf_counter_ns
     stream = Stream(list(cfg_dict["virtualClusters"]), seed)
     rng = random.Random(seed + 1)  # which running group to release
     running = _Running()
@@ -254,20 +275,33 @@ def measure(nodes: int, samples: int, *, seed: int = SEED, max_attempts_factor: 
     res.releases = res.release_ns = res.victims = res.preemptions = res.downgrades = 0
 
     # measured phase
-    while len(res.samples_ns) < samples and res.attempts < max_attempts_factor * samples:
-        placed, spent, gpus = attempt()
-        res.attempts += 1
-        res.busy_ns += spent
-        if placed:
-            res.samples_ns.append(spent)
-            res.by_size[gpus] = res.by_size.get(gpus, 0) + 1
+    gc_start = [0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_start[0] = pc()
         else:
-            res.waits += 1
-        u = used / total
-        res.util_sum += u
-        res.util_min = min(res.util_min, u)
-        res.util_max = max(res.util_max, u)
-        control()
+            res.gc_pauses_ns.append(pc() - gc_start[0])
+            res.gc_full += info.get("generation") == 2
+
+    gc.callbacks.append(on_gc)  # last: a full collection's pause includes the policy's freeze
+    try:
+        while len(res.samples_ns) < samples and res.attempts < max_attempts_factor * samples:
+            placed, spent, gpus = attempt()
+            res.attempts += 1
+            res.busy_ns += spent
+            if placed:
+                res.samples_ns.append(spent)
+                res.by_size[gpus] = res.by_size.get(gpus, 0) + 1
+            else:
+                res.waits += 1
+            u = used / total
+            res.util_sum += u
+            res.util_min = min(res.util_min, u)
+            res.util_max = max(res.util_max, u)
+            control()
+    finally:
+        gc.callbacks.remove(on_gc)
     if not res.samples_ns:
         raise RuntimeError(f"no group was placed in {res.attempts} attempts on {nodes} nodes")
     return res

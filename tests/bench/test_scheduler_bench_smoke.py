@@ -41,5 +41,6 @@ def test_quick_scheduler_writes_results(tmp_path: Path) -> None:
     assert r["samples"] == 1000
     assert r["attempts"] >= r["samples"]
     assert r["p99_ms"] >= r["p50_ms"]
+    assert r["gc_max_pause_ms"] >= 0 and r["gc_full_collections"] >= 0
     assert 0.5 < r["utilization_mean"] < 1.0
     assert "scheduler nodes=200" in proc.stdout

@@ -33,6 +33,7 @@ from pathlib import Path
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from apiary import gcpolicy
 from apiary.control.config import check_cluster_config
 from apiary.control.nodes import HEARTBEAT_PERSIST_S, MAX_QUEUED_FAULTS, schedulable
 from apiary.control.views import iso, job_json, latest_tasks, simulated_nodes
@@ -277,6 +278,7 @@ class ControlPlane:
             logger.error("rebuild: placements the scheduler cannot hold: %s", dropped)
         self.scheduler = sched
         self._needs_rebuild = False
+        gcpolicy.settle()  # the old cell tree is cyclic garbage, maybe frozen: collect it now
 
     def recover(self) -> None:
         """Rebuild memory from the store (at start, after a restart): the scheduler (allocations and
@@ -429,6 +431,7 @@ class ControlPlane:
             # The steps' releases went to the old scheduler; the new one never held the stopped jobs.
             self.scheduler, self.cluster = new, config
             self._node_names = frozenset(new.nodes())
+            gcpolicy.settle()  # the old cell tree is cyclic garbage, maybe frozen: collect it now
             logger.info("cluster config applied kept=%d stopped=%d", len(kept), len(stopped))
         self.wake.set()
         return {"kept": kept, "stopped": stopped}
