@@ -6,19 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tests.support.builders import healthy_scheduler
 
 from apiary.scheduler import GroupRequest, HivedScheduler, TaskRequest
-from apiary.spec.cluster import load_cluster_config
 
 DESIGN = Path(__file__).resolve().parent / "hived_design" / "hivedscheduler.yaml"
 
 
 @pytest.fixture
 def sched() -> HivedScheduler:
-    s = HivedScheduler(load_cluster_config(DESIGN))
-    for node in s.nodes():
-        s.set_node_health(node, True)
-    return s
+    return healthy_scheduler(DESIGN)
 
 
 def pod(name: str, vc: str, sku: str, gpus: int, priority: int = 1) -> GroupRequest:

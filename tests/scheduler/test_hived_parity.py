@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tests.support.builders import healthy_scheduler
 
 from apiary.scheduler import Decision, GroupRequest, HivedScheduler, TaskRequest
-from apiary.spec.cluster import load_cluster_config
 
 CLUSTER = Path(__file__).resolve().parents[1] / "sim" / "scenarios" / "hived-parity" / "cluster.yaml"
 TEST, PROD, OPPO = 10, 100, -1
@@ -21,10 +21,7 @@ TEST, PROD, OPPO = 10, 100, -1
 
 @pytest.fixture
 def sched() -> HivedScheduler:
-    s = HivedScheduler(load_cluster_config(CLUSTER))
-    for node in s.nodes():
-        s.set_node_health(node, True)
-    return s
+    return healthy_scheduler(CLUSTER)
 
 
 def gang(name: str, vc: str, priority: int, instances: int, gpus: int) -> GroupRequest:

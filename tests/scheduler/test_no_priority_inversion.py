@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from tests.support.builders import healthy_scheduler
 
 from apiary.scheduler import GroupRequest, HivedScheduler, TaskRequest
-from apiary.spec.cluster import load_cluster_config
 
 REPO = Path(__file__).resolve().parents[2]
 PRIORITIES = (-1, 10, 10, 100, 120)  # oppo, test (twice as likely), prod, crit
@@ -154,9 +154,7 @@ class Driver:
 @pytest.mark.parametrize("cluster", list(CLUSTERS))
 @pytest.mark.parametrize("seed", [1, 2])
 def test_no_guaranteed_job_waits_behind_lower_priority_work(cluster: str, seed: int) -> None:
-    sched = HivedScheduler(load_cluster_config(CLUSTERS[cluster]))
-    for node in sched.nodes():
-        sched.set_node_health(node, True)
+    sched = healthy_scheduler(CLUSTERS[cluster])
     driver = Driver(sched, random.Random(seed))
     for _ in range(1200):
         driver.step()

@@ -1,4 +1,5 @@
-"""Builders for test inputs: OpenPAI jobs derived from Lab 6's job files.
+"""Builders for test inputs: OpenPAI jobs derived from Lab 6's job files, and schedulers whose nodes
+have all reported healthy.
 
 ``LAB6`` is ``examples/lab6``: Lab 6's own job and cluster files, copied unmodified from
 ``shared/reference/lab6``.
@@ -10,6 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from apiary.scheduler import HivedScheduler
+from apiary.spec.cluster import load_cluster_config
 
 REPO = Path(__file__).resolve().parents[2]
 LAB6 = REPO / "examples" / "lab6"
@@ -36,3 +40,12 @@ def job_text(n: int, sleep_s: int | None = None, **changes: Any) -> str:
             node = node.setdefault(key, {})
         node[last] = value
     return yaml.safe_dump(doc, sort_keys=False)
+
+
+def healthy_scheduler(cluster: Path | str) -> HivedScheduler:
+    """A HivedScheduler for the HiveD config at ``cluster`` (a path, or YAML text) with every node
+    healthy, as if each node's agent had reported (a new scheduler knows no node's health)."""
+    s = HivedScheduler(load_cluster_config(cluster))
+    for node in s.nodes():
+        s.set_node_health(node, True)
+    return s
