@@ -1,23 +1,88 @@
-"""Prefect flow ``apiary-job``: submit one OpenPAI job to Apiary and wait for it.
+"""Flow ``apiary-job``: one flow run per Apiary job, three ways to start one (``flows/serve.py``).
 
-The run form in the Prefect UI is the job spec (``job``: :class:`apiary.spec.job.JobSpec`,
-camelCase wire names) plus ``user`` and ``api_url``. The flow POSTs the job with its own flow
-run id in ``X-Apiary-Flow-Run-Id``, so the bridge (:mod:`apiary.tracking.bridge`) attaches the
-job's task runs, logs and placement artifact to THIS flow run; the flow then polls the job
-and ends Completed (returns the job JSON) on SUCCEEDED, Failed on FAILED/STOPPED. The flow
-run is named after the job id (``user~name``), as the runs the bridge creates are.
+* ``submit_form`` (deployment ``submit``): the Custom run form, one field per thing an ML
+  engineer decides (name, user, virtual cluster, priority class, task roles);
+* ``submit_yaml`` (deployment ``submit-yaml``): a complete OpenPAI job YAML;
+* ``rerun_job`` (deployment ``job``): the runs Apiary's bridge makes for CLI/REST jobs; runs
+  only on Retry, which re-runs the job as ``<name>-retry<N>``.
+
+Thin: the logic is :mod:`apiary.tracking.portal` (what a run does) and
+:mod:`apiary.tracking.states` (the state it ends in). Each run ends with the job's state:
+Completed, Failed (exit code and its exit-spec meaning) or Cancelled.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from prefect import flow
 from prefect.runtime import flow_run
+from prefect.states import State, StateType
+from pydantic import Field
 
-from apiary.spec.job import JobSpec
-from apiary.tracking.submit import flow_run_name, submit_and_wait
+from apiary.tracking import states
+from apiary.tracking.portal import NAME_PATTERN, PriorityClass, TaskRoleForm, job_from_form, run_job
 
 
-@flow(name="apiary-job", flow_run_name=flow_run_name, persist_result=False)
-async def apiary_job(job: JobSpec, user: str = "prefect", api_url: str | None = None) -> dict:
-    """Run ``job`` on Apiary as ``user``; ``api_url`` defaults to ``APIARY_API_URL``."""
-    return await submit_and_wait(job, user=user, api_url=api_url, flow_run_id=flow_run.get_id())
+def _end(job: dict) -> State:
+    """The run's final state: the job's, by the one mapping (apiary.tracking.states)."""
+    spec = states.final(job.get("state", "FAILED"), job.get("exitCode"), job.get("attempt"))
+    return State(type=StateType(spec.type), name=spec.name, message=f"{job.get('id')}: {spec.message}", data=job)
+
+
+def _name_from_params() -> str:
+    p = flow_run.parameters
+    if p.get("job_id"):
+        return str(p["job_id"])
+    if p.get("name"):
+        return f"{p.get('user')}~{p['name']}"
+    from apiary.tracking.portal import _yaml_name
+
+    return f"{p.get('user')}~{_yaml_name(p.get('job_yaml') or '') or 'job'}"
+
+
+@flow(name="apiary-job", flow_run_name=_name_from_params, persist_result=False)
+async def submit_form(
+    name: str = Field(pattern=NAME_PATTERN, title="Job name",
+                      description="Letters, digits, '_' and '-'. Your job's id is user~name; a name can be used "
+                                  "once per user."),
+    user: str = Field(pattern=NAME_PATTERN, title="User", description="Your Apiary user name."),
+    virtual_cluster: str = Field(title="Virtual cluster",
+                                 description="The virtual cluster (your team's share of the cluster) the job runs "
+                                             "in; its quota and GPU type apply."),
+    task_roles: list[TaskRoleForm] = Field(min_length=1, title="Task roles",
+                                           description="What runs: one entry per group of identical tasks "
+                                                       "(a single 'train' role for most jobs)."),
+    priority_class: PriorityClass = Field("test", title="Priority class",
+                                          description="prod outranks test and may preempt it; oppo runs only on "
+                                                      "idle GPUs and is preempted first; crit is for operators. "
+                                                      "Default test."),
+    retries: int = Field(0, ge=0, le=10, title="Retries",
+                         description="How many times Apiary retries the job after a failure of your code "
+                                     "(platform failures are retried anyway). Default 0."),
+    api_url: str | None = Field(None, title="Apiary API URL",
+                                description="Leave empty: the platform fills it in."),
+) -> Any:
+    """Submit a job to Apiary from the form and follow it to its end."""
+    job = job_from_form(name, virtual_cluster, task_roles, priority_class, retries)
+    return _end(await run_job(flow_run_id=flow_run.get_id(), job=job, user=user, api_url=api_url))
+
+
+@flow(name="apiary-job", flow_run_name=_name_from_params, persist_result=False)
+async def submit_yaml(
+    job_yaml: str = Field(title="OpenPAI job (YAML)",
+                          description="A complete OpenPAI job protocol v2 YAML, as `apiary job submit` takes."),
+    user: str = Field(pattern=NAME_PATTERN, title="User", description="Your Apiary user name."),
+    api_url: str | None = Field(None, title="Apiary API URL", description="Leave empty: the platform fills it in."),
+) -> Any:
+    """Submit an OpenPAI job YAML to Apiary and follow it to its end."""
+    return _end(await run_job(flow_run_id=flow_run.get_id(), job=job_yaml, user=user, api_url=api_url))
+
+
+@flow(name="apiary-job", flow_run_name=_name_from_params, persist_result=False)
+async def rerun_job(
+    job_id: str = Field(title="Job id", description="user~name of the job to follow, or to re-run if it ended."),
+    api_url: str | None = Field(None, title="Apiary API URL", description="Leave empty: the platform fills it in."),
+) -> Any:
+    """Follow a job, or re-run it as a new job (<name>-retry<N>) if it ended (the Retry button)."""
+    return _end(await run_job(flow_run_id=flow_run.get_id(), job_id=job_id, api_url=api_url))

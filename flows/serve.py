@@ -1,17 +1,20 @@
 """Serve the Apiary flows as Prefect deployments: ``python flows/serve.py``.
 
-* ``apiary-job/submit``: run form = the job spec; submits to Apiary and waits;
+* ``apiary-job/submit``: the job form (name, user, virtual cluster, priority, task roles);
+* ``apiary-job/submit-yaml``: a complete OpenPAI job YAML;
+* ``apiary-job/job``: the runs the bridge makes for CLI/REST jobs (Retry re-runs the job);
 * ``what-if-replay/whatif``: a trace replay from the UI (see flows/whatif.py);
-* ``scheduling-loop/loop``: every 60 s, 10 scheduler cycles 1 s apart (the control plane runs its
-  own loop as well; this one records decisions and keeps a flow-run subprocess alive 10 s a minute,
-  not all the time).
+* ``scheduling-loop/loop``: on demand only (no schedule): Apiary's control plane runs the
+  scheduler itself, and a run per minute would bury the jobs in the runs list.
 
-Both read ``APIARY_API_URL`` (passed as the default ``api_url`` parameter) and need
-``PREFECT_API_URL`` pointing at the Prefect server.
+All read ``APIARY_API_URL`` (passed as the default ``api_url`` parameter) and need
+``PREFECT_API_URL`` pointing at the Prefect server. The form's virtual-cluster drop-down lists
+the cluster's VCs as Apiary reports them when serving starts.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -19,27 +22,61 @@ from pathlib import Path
 # flows/ is not a package: make its siblings importable when run as a script.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import httpx  # noqa: E402
 from prefect import serve  # noqa: E402
 
-from job import apiary_job  # noqa: E402
+from apiary.tracking.portal import form_schema  # noqa: E402
+from job import rerun_job, submit_form, submit_yaml  # noqa: E402
 from scheduling import scheduling_loop  # noqa: E402
 from whatif import what_if_replay  # noqa: E402
 
+EXAMPLE_ROLE = {"name": "train", "instances": 1, "gpus": 1, "cpu": 2, "memory_mb": 4096, "image": "python:3.11",
+                "commands": ["python3 -c \"import os; print('GPUs:', os.environ.get('CUDA_VISIBLE_DEVICES'))\""]}
+
+
+def virtual_clusters(api_url: str | None) -> list[str]:
+    """The cluster's VC names from ``GET /api/v2/cluster/status``; [] when Apiary cannot say."""
+    if not api_url:
+        return []
+    try:
+        resp = httpx.get(f"{api_url.rstrip('/')}/api/v2/cluster/status", timeout=10)
+        resp.raise_for_status()
+        return sorted(resp.json().get("virtualClusters", {}))
+    except (httpx.HTTPError, ValueError) as exc:
+        logging.getLogger(__name__).warning("no VC list for the form (free text instead): %r", exc)
+        return []
+
 
 def deployments(api_url: str | None = None) -> list:
-    """The deployments (``submit``, ``loop``, ``whatif``); ``api_url`` defaults to ``APIARY_API_URL``."""
+    """The deployments (``submit``, ``submit-yaml``, ``job``, ``loop``, ``whatif``); ``api_url``
+    defaults to ``APIARY_API_URL``."""
     api_url = api_url or os.environ.get("APIARY_API_URL")
-    submit = apiary_job.to_deployment(
+    url = {"api_url": api_url} if api_url else {}
+    vcs = virtual_clusters(api_url)
+    submit = submit_form.to_deployment(
         name="submit",
-        parameters={"api_url": api_url} if api_url else None,
-        description="Submit an OpenPAI job to Apiary and wait for it to finish.",
+        parameters={**url, "task_roles": [EXAMPLE_ROLE], **({"virtual_cluster": vcs[0]} if vcs else {})},
+        description="Submit a job to Apiary: fill in the form (Run -> Custom run). The run follows the job "
+                    "and ends with its state.",
         tags=["apiary"],
     )
+    submit._parameter_openapi_schema = _schema(submit, vcs)
+    yaml_submit = submit_yaml.to_deployment(
+        name="submit-yaml", parameters=url or None, tags=["apiary"],
+        description="Submit a complete OpenPAI job YAML to Apiary and follow it.",
+    )
+    yaml_submit._parameter_openapi_schema = _schema(yaml_submit, None)
+    job = rerun_job.to_deployment(
+        name="job", parameters=url or None, tags=["apiary"],
+        description="Apiary jobs submitted by the CLI or REST API (runs are made by Apiary's bridge). "
+                    "Retry on a finished run re-runs its job as a new job.",
+    )
+    job._parameter_openapi_schema = _schema(job, None)
     loop = scheduling_loop.to_deployment(
         name="loop",
-        interval=60,
         parameters={"api_url": api_url, "cycles": 10, "interval_s": 1.0} if api_url else {"cycles": 10},
-        description="Drive Apiary's scheduler and record its decisions.",
+        description="On demand: drive Apiary's scheduler for a few cycles and record its decisions "
+                    "(Apiary schedules on its own; this is for looking, not needed to run jobs).",
         tags=["apiary"],
     )
     whatif = what_if_replay.to_deployment(
@@ -47,7 +84,15 @@ def deployments(api_url: str | None = None) -> list:
         description="Replay a job trace on a cluster under hived, quota and fifo; summary table and plots.",
         tags=["apiary", "simulator"],
     )
-    return [submit, loop, whatif]
+    return [submit, yaml_submit, job, loop, whatif]
+
+
+def _schema(deployment, vcs: list[str] | None) -> object:
+    from prefect.utilities.callables import ParameterSchema
+
+    raw = deployment._parameter_openapi_schema
+    raw = raw.model_dump() if hasattr(raw, "model_dump") else dict(raw)
+    return ParameterSchema(**form_schema(raw, vcs))
 
 
 def main() -> None:

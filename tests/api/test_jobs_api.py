@@ -367,3 +367,17 @@ def test_platform_metrics_and_fault_queue(client: TestClient) -> None:
     assert client.post("/api/v2/nodes/hostname-dan/faults", json={"gpu": 3, "eccDbe": 1}).status_code == 400
     assert client.post("/api/v2/nodes/hostname-dan/faults", json={"gpu": 0}).status_code == 400
     assert client.post("/api/v2/nodes/nope/faults", json={"gpu": 0, "clear": True}).status_code == 404
+
+
+def test_clone_submits_the_same_spec_under_the_next_free_retry_name(client: TestClient) -> None:
+    jid = submit(client, job_text(5)).json()["id"]
+    client.put(f"/api/v2/jobs/{jid}/executionType", json={"value": "STOP"})
+    r = client.post(f"/api/v2/jobs/{jid}/clone", headers={"X-Apiary-Flow-Run-Id": "run-7"})
+    assert r.status_code == 202, r.text
+    first = r.json()
+    assert (first["id"], first["state"], first["flowRunId"]) == ("alice~job-config-5-retry1", "WAITING", "run-7")
+    original = client.get(f"/api/v2/jobs/{jid}").json()
+    assert (first["virtualCluster"], first["priorityClass"]) == (original["virtualCluster"], original["priorityClass"])
+    again = client.post(f"/api/v2/jobs/{first['id']}/clone").json()
+    assert again["id"] == "alice~job-config-5-retry2"  # flat, not job-config-5-retry1-retry1
+    assert client.post("/api/v2/jobs/alice~nope/clone").status_code == 404

@@ -1,95 +1,24 @@
-"""The ``apiary-job`` flow against a tiny fake Apiary (FastAPI + uvicorn on loopback).
+"""The ``apiary-job`` flows against a real Prefect server and a fake Apiary (tests/support/fake_apiary.py).
 
-The end-to-end test through ``apiary up`` lives with the control plane; here the fake
-implements only ``POST /api/v2/jobs`` and ``GET /api/v2/jobs/{id}`` and records headers.
+The end-to-end tests through ``apiary up`` live in tests/e2e (test_prefect_e2e.py, test_portal_browser.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
-import time
+import importlib.util
+from pathlib import Path
 
 import pytest
-import uvicorn
-import yaml
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from tests.support.fake_apiary import FakeApiary
 
-from apiary.tracking.prefect_server import free_port, start_prefect_server
+from apiary.tracking.portal import TaskRoleForm
+from apiary.tracking.prefect_server import start_prefect_server
 
 pytestmark = pytest.mark.prefect
 
-JOB = {
-    "protocolVersion": 2,
-    "name": "mnist",
-    "type": "job",
-    "prerequisites": [{"type": "dockerimage", "name": "img", "uri": "python:3.11"}],
-    "taskRoles": {
-        "train": {
-            "instances": 1,
-            "dockerImage": "img",
-            "resourcePerInstance": {"cpu": 1, "memoryMB": 1024, "gpu": 1},
-            "commands": ["python -c 'print(1)'"],
-        }
-    },
-}
-
-
-class FakeApiary:
-    """Jobs go WAITING -> RUNNING -> final on successive GETs; a name containing "fail" FAILs."""
-
-    def __init__(self) -> None:
-        self.app = FastAPI()
-        self.submissions: list[dict] = []
-        self.jobs: dict[str, dict] = {}
-        self.gets: dict[str, int] = {}
-
-        @self.app.post("/api/v2/jobs")
-        async def submit(request: Request):
-            raw = await request.body()
-            spec = json.loads(raw) if "json" in request.headers.get("content-type", "") else yaml.safe_load(raw)
-            user = request.headers.get("x-apiary-user")
-            if not spec.get("taskRoles"):
-                return JSONResponse({"code": "InvalidParametersError", "message": "taskRoles: required"}, 400)
-            job_id = f"{user}~{spec['name']}"
-            self.submissions.append({"spec": spec, "user": user,
-                                     "flowRunId": request.headers.get("x-apiary-flow-run-id")})
-            self.jobs[job_id] = {"id": job_id, "name": spec["name"], "user": user, "state": "WAITING",
-                                 "flowRunId": request.headers.get("x-apiary-flow-run-id"),
-                                 "retries": 0, "exitCode": None, "attempt": 0, "tasks": []}
-            return JSONResponse({"id": job_id}, 202)
-
-        @self.app.get("/api/v2/jobs/{job_id}")
-        async def get(job_id: str):
-            if job_id not in self.jobs:
-                return JSONResponse({"code": "NoJobError", "message": f"{job_id} not found"}, 404)
-            n = self.gets[job_id] = self.gets.get(job_id, 0) + 1
-            job = self.jobs[job_id]
-            if n == 2:
-                job["state"] = "RUNNING"
-            elif n >= 3:
-                failed = "fail" in job["name"]
-                job.update(state="FAILED" if failed else "SUCCEEDED", exitCode=1 if failed else 0)
-            return job
-
-    def __enter__(self) -> FakeApiary:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "fake apiary did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+ROLE = TaskRoleForm(name="train", instances=1, gpus=1, cpu=1, memory_mb=1024, image="python:3.11",
+                    commands=["python -c 'print(1)'"])
 
 
 @pytest.fixture(scope="module")
@@ -111,53 +40,77 @@ def prefect_api(tmp_path_factory):
 @pytest.fixture
 def fake_apiary(monkeypatch):
     monkeypatch.setenv("DO_NOT_TRACK", "1")
+    monkeypatch.setattr("apiary.tracking.submit.asyncio.sleep", _fast_sleep)
     with FakeApiary() as fake:
         yield fake
 
 
-def _flow():
-    from flows.job import apiary_job
-
-    return apiary_job
+_real_sleep = asyncio.sleep
 
 
-def test_flow_submits_with_its_flow_run_id_and_returns_the_job(prefect_api, fake_apiary, monkeypatch):
-    from apiary.spec.job import JobSpec
+async def _fast_sleep(_s: float) -> None:
+    await _real_sleep(0.01)
 
-    monkeypatch.setattr("apiary.tracking.submit.asyncio.sleep", _fast_sleep)
-    state = asyncio.run(_flow()(job=JobSpec.model_validate(JOB), user="alice", api_url=fake_apiary.url,
-                                return_state=True))
-    assert state.is_completed()
-    job = state.result()
-    assert job["id"] == "alice~mnist" and job["state"] == "SUCCEEDED"
+
+async def _flow_run(flow_run_id):
+    from prefect.client.orchestration import get_client
+
+    async with get_client() as client:
+        return await client.read_flow_run(flow_run_id)
+
+
+def test_form_run_submits_the_job_with_its_flow_run_id_and_ends_completed(prefect_api, fake_apiary):
+    from flows.job import submit_form
+
+    state = asyncio.run(submit_form(name="mnist", user="alice", virtual_cluster="vc2", task_roles=[ROLE],
+                                    priority_class="prod", api_url=fake_apiary.url, return_state=True))
+    assert state.type.value == "COMPLETED" and state.name == "Completed"
+    assert "alice~mnist: job SUCCEEDED" in state.message
     [sub] = fake_apiary.submissions
-    assert sub["user"] == "alice"
-    assert sub["spec"]["taskRoles"]["train"]["resourcePerInstance"]["memoryMB"] == 1024
-    assert sub["flowRunId"] == str(state.state_details.flow_run_id)
-    assert asyncio.run(_flow_run_name(state.state_details.flow_run_id)) == "alice~mnist"
+    spec = sub["spec"]
+    assert (spec["protocolVersion"], spec["type"], spec["name"]) == (2, "job", "mnist")
+    assert spec["defaults"]["virtualCluster"] == "vc2"
+    assert spec["extras"]["hivedScheduler"]["jobPriorityClass"] == "prod"
+    assert spec["taskRoles"]["train"]["resourcePerInstance"] == {"gpu": 1, "cpu": 1, "memoryMB": 1024}
+    assert sub["user"] == "alice" and sub["flowRunId"] == str(state.state_details.flow_run_id)
+    assert asyncio.run(_flow_run(state.state_details.flow_run_id)).name == "alice~mnist"
 
 
-def test_flow_fails_when_the_job_fails_and_reads_api_url_from_env(prefect_api, fake_apiary, monkeypatch):
-    monkeypatch.setattr("apiary.tracking.submit.asyncio.sleep", _fast_sleep)
+def test_failed_job_ends_failed_with_exit_code_meaning_and_url_from_env(prefect_api, fake_apiary, monkeypatch):
+    from flows.job import submit_yaml
+
     monkeypatch.setenv("APIARY_API_URL", fake_apiary.url)
-    spec = {**JOB, "name": "will-fail"}
-    state = asyncio.run(_flow()(job=spec, return_state=True))  # a dict is validated into JobSpec
-    assert state.is_failed()
-    assert "state=FAILED" in state.message
-    assert fake_apiary.submissions[0]["user"] == "prefect"
+    text = ("protocolVersion: 2\nname: will-fail\ntype: job\ntaskRoles:\n  train:\n    instances: 1\n"
+            "    commands: [exit 1]\n")
+    state = asyncio.run(submit_yaml(job_yaml=text, user="bob", return_state=True))
+    assert state.type.value == "FAILED"
+    assert "exit code 1: PAIRuntimeExitAbnormally" in state.message
+    assert fake_apiary.submissions[0]["user"] == "bob"
 
 
-def test_run_form_is_the_job_spec():
-    schema = _flow().parameters.model_dump()
-    assert schema["required"] == ["job"]
-    assert set(schema["properties"]) == {"job", "user", "api_url"}
-    spec = schema["definitions"]["JobSpec"]
-    assert {"protocolVersion", "name", "taskRoles", "prerequisites", "jobRetryCount"} <= set(spec["properties"])
-    role = schema["definitions"]["TaskRole"]
-    assert {"instances", "dockerImage", "resourcePerInstance", "commands"} <= set(role["properties"])
+def test_rerun_of_a_finished_job_submits_a_clone_attached_to_the_same_run(prefect_api, fake_apiary):
+    """What Retry does: the run executes again, finds its job ended, and follows a copy."""
+    from flows.job import rerun_job, submit_form
+
+    first = asyncio.run(submit_form(name="again", user="carol", virtual_cluster="vc1", task_roles=[ROLE],
+                                    api_url=fake_apiary.url, return_state=True))
+    assert first.is_completed()
+    state = asyncio.run(rerun_job(job_id="carol~again", api_url=fake_apiary.url, return_state=True))
+    assert state.is_completed() and "carol~again-retry1" in state.message
+    assert [s["spec"]["name"] for s in fake_apiary.submissions] == ["again", "again-retry1"]
+    assert fake_apiary.submissions[1]["flowRunId"] == str(state.state_details.flow_run_id)
 
 
-def test_scheduling_flow_records_decisions(prefect_api, monkeypatch):
+def test_taken_name_of_another_run_is_the_apis_conflict(prefect_api, fake_apiary):
+    from flows.job import submit_form
+
+    kw = {"name": "dup", "user": "dan", "virtual_cluster": "vc1", "task_roles": [ROLE], "api_url": fake_apiary.url}
+    assert asyncio.run(submit_form(**kw, return_state=True)).is_completed()
+    state = asyncio.run(submit_form(**kw, return_state=True))
+    assert state.is_failed() and "already exists" in state.message
+
+
+def test_scheduling_flow_records_decisions(prefect_api):
     from fastapi import FastAPI
     from flows.scheduling import scheduling_loop
 
@@ -177,32 +130,24 @@ def test_scheduling_flow_records_decisions(prefect_api, monkeypatch):
     assert rows[0]["placed"] == "a~x" and rows[1]["waiting"] == "b~y: no gpus"
 
 
-async def _flow_run_name(flow_run_id) -> str:
-    from prefect.client.orchestration import get_client
-
-    async with get_client() as client:
-        return (await client.read_flow_run(flow_run_id)).name
-
-
-_real_sleep = asyncio.sleep
-
-
-async def _fast_sleep(_s: float) -> None:
-    await _real_sleep(0.01)
-
-
-def test_serve_builds_both_deployments(monkeypatch):
-    import importlib.util
-    from pathlib import Path
-
-    monkeypatch.setenv("APIARY_API_URL", "http://127.0.0.1:1")
+def _serve_module():
     path = Path(__file__).resolve().parents[2] / "flows" / "serve.py"
     spec = importlib.util.spec_from_file_location("apiary_flows_serve", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    submit, loop, whatif = mod.deployments()
-    assert (submit.name, submit.flow_name) == ("submit", "apiary-job")
-    assert (loop.name, loop.flow_name) == ("loop", "scheduling-loop")
-    assert (whatif.name, whatif.flow_name) == ("whatif", "what-if-replay")
-    assert submit.parameters == {"api_url": "http://127.0.0.1:1"}
-    assert loop.schedules[0].schedule.interval.total_seconds() == 60
+    return mod
+
+
+def test_serve_builds_the_deployments_with_a_form_and_no_schedule():
+    with FakeApiary(virtual_clusters=("vc1", "vc2")) as fake:
+        submit, yaml_submit, job, loop, whatif = _serve_module().deployments(fake.url)
+    assert [(d.flow_name, d.name) for d in (submit, yaml_submit, job, loop, whatif)] == [
+        ("apiary-job", "submit"), ("apiary-job", "submit-yaml"), ("apiary-job", "job"),
+        ("scheduling-loop", "loop"), ("what-if-replay", "whatif")]
+    assert not loop.schedules  # no flow run per minute in the runs list
+    props = submit._parameter_openapi_schema.model_dump()["properties"]
+    assert props["virtual_cluster"]["enum"] == ["vc1", "vc2"] and props["virtual_cluster"]["title"] == "Virtual cluster"
+    assert "protocolVersion" not in props and "type" not in props  # constants are filled in, not asked
+    assert props["priority_class"]["enum"] == ["crit", "prod", "test", "oppo"]
+    assert submit.parameters["api_url"] == fake.url and submit.parameters["task_roles"][0]["gpus"] == 1
+    assert set(job._parameter_openapi_schema.model_dump()["properties"]) == {"job_id", "api_url"}

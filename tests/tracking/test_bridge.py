@@ -263,3 +263,130 @@ def test_output_of_running_instances_is_shipped_periodically(server, tmp_path):
     assert messages.count("[train/0] step 1") == 1
     assert "[train/0] step 2 (partial)" in messages and "[train/0] step 3" in messages
     assert got["flow_runs"][0].state.type.value == "FAILED"
+
+
+# ---------------------------------------------------------------------- the state mapping (issue 9)
+
+async def _run_of(api_url: str, job_id: str):
+    got = await read_back(api_url, job_id)
+    assert len(got["flow_runs"]) == 1
+    return got["flow_runs"][0]
+
+
+async def _history(api_url: str, flow_run_id) -> list[tuple[str, str]]:
+    from prefect.client.orchestration import PrefectClient
+
+    async with PrefectClient(api=api_url) as client:
+        states = await client.read_flow_run_states(flow_run_id)
+    return [(s.name, s.message or "") for s in sorted(states, key=lambda s: s.timestamp)]
+
+
+def test_run_states_follow_the_job_waiting_preempted_running_failed(server, tmp_path):
+    src = MemoryEventSource()
+    job_id, t = "dora~states", time.time()
+    bridge = PrefectBridge(src, server.api_url, tmp_path / "b.json")
+
+    def step(*events):
+        for kind, data in events:
+            src.emit(job_id, kind, data, t)
+        asyncio.run(bridge.sync_once())
+        return asyncio.run(_run_of(server.api_url, job_id))
+
+    run = step(("job.submitted", {"user": "dora", "name": "states", "virtualCluster": "vc1", "priorityClass": "test"}),
+               ("job.waiting", {"attempt": 0, "reason": "VC vc1 has 0 of 2 GPU leaf cells free"}))
+    assert (run.state.type.value, run.state_name) == ("PENDING", "Waiting")
+    assert run.state.message == "VC vc1 has 0 of 2 GPU leaf cells free"
+    assert run.deployment_id is not None  # a deployment run: the UI offers Cancel and Retry
+    assert {"user:dora", "vc:vc1", "priority:test"} <= set(run.tags)
+    run = step(("job.waiting", {"attempt": 0, "reason": "a higher-priority job is ahead"}))
+    assert run.state.message == "a higher-priority job is ahead"  # updated when the reason changes
+
+    placed = {"attempt": 0, "placements": [{"taskRole": "train", "index": 0, "node": "n1", "gpus": [0]}]}
+    run = step(("job.placed", placed), ("task.started", {"attempt": 0, "taskRole": "train", "index": 0,
+                                                         "node": "n1", "gpus": [0]}))
+    assert (run.state.type.value, run.state_name) == ("RUNNING", "Running")
+
+    run = step(("job.preempted", {"attempt": 0, "by": "erin~prod", "reason": "Preempted by erin~prod."}),
+               ("job.retry", {"attempt": 1, "kind": "platform", "reason": "Preempted by erin~prod. retried",
+                              "exitCode": -1003}))
+    assert (run.state.type.value, run.state_name) == ("PENDING", "AwaitingRetry")
+    assert "Preempted by erin~prod" in run.state.message
+    run = step(("job.waiting", {"attempt": 1, "reason": "no free cells"}))
+    assert run.state_name == "AwaitingRetry" and run.state.message.endswith("waiting: no free cells")
+
+    placed["attempt"] = 1
+    run = step(("job.placed", placed), ("task.started", {"attempt": 1, "taskRole": "train", "index": 0,
+                                                         "node": "n1", "gpus": [0]}))
+    assert run.state_name == "Running"
+    run = step(("task.exited", {"attempt": 1, "taskRole": "train", "index": 0, "exitCode": 137}),
+               ("job.completed", {"state": "FAILED", "exitCode": 137, "attempt": 1}))
+    assert (run.state.type.value, run.state_name) == ("FAILED", "Failed")
+    assert "exit code 137: ContainerSigKillReceived" in run.state.message
+    names = [n for n, _ in asyncio.run(_history(server.api_url, run.id))]
+    assert names[0] == "Submitted" and "AwaitingRetry" in names and names[-1] == "Failed"
+    # Started when Apiary accepted the job: a queued job never reads "late" in the UI.
+    assert run.start_time is not None and run.estimated_start_time_delta.total_seconds() < 1
+
+
+def test_cancel_in_the_ui_stops_the_job_and_the_run_ends_cancelled(server, tmp_path):
+    from prefect.client.orchestration import PrefectClient
+    from prefect.states import Cancelling
+
+    src = MemoryEventSource()
+    job_id = "eve~long"
+    src.emit(job_id, "job.submitted", {"user": "eve", "name": "long", "virtualCluster": "vc1"})
+    src.emit(job_id, "task.started", {"attempt": 0, "taskRole": "train", "index": 0, "node": "n1", "gpus": [0]})
+    bridge = PrefectBridge(src, server.api_url, tmp_path / "b.json")
+    bridge.cancel_poll_s = 0.0
+    asyncio.run(bridge.sync_once())
+    run = asyncio.run(_run_of(server.api_url, job_id))
+
+    async def cancel():  # what the UI's Cancel button sends
+        async with PrefectClient(api=server.api_url) as client:
+            await client.set_flow_run_state(run.id, Cancelling(message="from the UI"))
+
+    asyncio.run(cancel())
+    asyncio.run(bridge.sync_once())
+    assert src.stops == [job_id]
+    asyncio.run(bridge.sync_once())
+    assert src.stops == [job_id]  # asked once
+    src.emit(job_id, "job.stop_requested", {})
+    src.emit(job_id, "job.completed", {"state": "STOPPED", "exitCode": -210, "attempt": 0})
+    asyncio.run(bridge.sync_once())
+    run = asyncio.run(_run_of(server.api_url, job_id))
+    assert (run.state.type.value, run.state_name) == ("CANCELLED", "Cancelled")
+    assert "Cancel in the Prefect UI" in run.state.message
+
+
+def test_attached_run_gets_the_job_tags_and_never_loses_its_final_state(server, tmp_path):
+    from prefect.client.orchestration import PrefectClient
+    from prefect.client.schemas.actions import FlowRunCreate
+    from prefect.states import Completed, Running
+
+    async def make_run():
+        async with PrefectClient(api=server.api_url) as client:
+            flow_id = await client.create_flow_from_name("apiary-job")
+            resp = await client.request("POST", "/flow_runs/", json=FlowRunCreate(
+                flow_id=flow_id, name="fay~ui", tags=["apiary"]).model_dump(mode="json", exclude_unset=True))
+            fid = resp.json()["id"]
+            await client.set_flow_run_state(fid, Running(), force=True)
+            return fid
+
+    async def end(fid):
+        async with PrefectClient(api=server.api_url) as client:
+            await client.set_flow_run_state(fid, Completed(), force=True)
+
+    fid = asyncio.run(make_run())
+    src = MemoryEventSource()
+    src.emit("fay~ui", "job.submitted", {"user": "fay", "name": "ui", "virtualCluster": "vc2",
+                                         "priorityClass": "prod", "flowRunId": fid})
+    src.emit("fay~ui", "job.waiting", {"attempt": 0, "reason": "queued behind 3 jobs"})
+    bridge = PrefectBridge(src, server.api_url, tmp_path / "b.json")
+    asyncio.run(bridge.sync_once())
+    run = asyncio.run(_run_of(server.api_url, "fay~ui"))
+    assert run.state_name == "Waiting" and run.state.message == "queued behind 3 jobs"
+    assert {"apiary", "user:fay", "vc:vc2", "priority:prod"} <= set(run.tags)
+    asyncio.run(end(fid))  # the flow engine ended the run; the bridge is behind
+    src.emit("fay~ui", "task.started", {"attempt": 0, "taskRole": "train", "index": 0, "node": "n1", "gpus": [0]})
+    asyncio.run(bridge.sync_once())
+    assert asyncio.run(_run_of(server.api_url, "fay~ui")).state_name == "Completed"

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import yaml
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -447,6 +448,21 @@ class ControlPlane:
         if job is None:
             raise NotFoundError(f"Job {job_id} not found.")
         return job
+
+    def clone(self, job_id: str, *, flow_run_id: str | None = None) -> dict:
+        """Submit a copy of ``job_id`` (same user, same spec, secrets included) as a new job named
+        ``<name>-retry<N>`` with the smallest free N: the Retry button of a finished job's flow run.
+        A chain of retries stays flat (``x-retry1`` -> ``x-retry2``). Returns the new job's JSON;
+        raises NotFoundError and :meth:`submit`'s errors."""
+        with self._sessions() as s:
+            job = self._get_job(s, job_id)
+            user, name, text = job.user, job.name, job.spec_yaml
+            base = re.sub(r"-retry\d+$", "", name)
+            taken = set(s.scalars(select(Job.name).where(Job.user == user, Job.name.like(f"{base}-retry%"))))
+        n = next(i for i in range(1, len(taken) + 2) if f"{base}-retry{i}" not in taken)
+        doc = yaml.safe_load(text)
+        doc["name"] = f"{base}-retry{n}"
+        return self.submit(yaml.safe_dump(doc, sort_keys=False), user, flow_run_id=flow_run_id)
 
     def get_job(self, job_id: str) -> dict:
         with self._sessions() as s:

@@ -58,27 +58,31 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from apiary.errors import ApiaryError, NotFoundError, PlatformError
+from apiary.tracking import states
 from apiary.tracking.source import JobEventSource
+from apiary.tracking.states import StateSpec
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FLOW_NAME", "PrefectBridge", "run_bridge", "task_run_id"]
+__all__ = ["FLOW_NAME", "JOB_DEPLOYMENT", "PrefectBridge", "run_bridge", "task_run_id"]
 
 FLOW_NAME = "apiary-job"
+#: The deployment every bridge-made flow run belongs to: a run with a deployment gets the UI's
+#: Cancel and Retry buttons, and ``flows/serve.py`` serves it (Retry re-runs the job as a clone).
+JOB_DEPLOYMENT = "job"
 STATE_VERSION = 1
 _NAMESPACE = uuid.UUID("6f1c1f3e-5b7a-4c0e-9a51-0a61a2b1e001")
 # One log row is capped so a runaway line cannot exceed the API's request limits.
 _MAX_LINE_CHARS = 8_000
 _MAX_BATCH_LINES = 500
 _MAX_BATCH_BYTES = 1_000_000
-_JOB_STATE_TO_PREFECT = {"SUCCEEDED": "COMPLETED", "FAILED": "FAILED", "STOPPED": "CANCELLED"}
 _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 _BUSY_STATUS = {429, 503}
 
@@ -169,6 +173,10 @@ class PrefectBridge:
         self._down_since: float | None = None
         self._log_polled: dict[str, float] = {}
         self._pending_logs: dict[str, list[dict]] = {}
+        self._deployment_id: uuid.UUID | None = None
+        self._cancel_checked = 0.0  # monotonic time of the last look for Cancel clicks
+        self._cancel_after: datetime | None = None  # Cancelled runs that ended after this were seen
+        self.cancel_poll_s = 1.0
 
     # ------------------------------------------------------------------ state file
 
@@ -211,7 +219,7 @@ class PrefectBridge:
         if self._client is None:
             client = PrefectClient(api=self.prefect_api_url)
             await client.__aenter__()
-            self._client, self._client_loop, self._flow_id = client, loop, None
+            self._client, self._client_loop, self._flow_id, self._deployment_id = client, loop, None, None
         return self._client
 
     async def aclose(self) -> None:
@@ -225,6 +233,23 @@ class PrefectBridge:
         if self._flow_id is None:
             self._flow_id = await client.create_flow_from_name(FLOW_NAME)
         return self._flow_id
+
+    async def _job_deployment(self, client: Any) -> uuid.UUID:
+        """Id of deployment ``apiary-job/job``; registered here when ``flows/serve.py`` has not yet
+        (serve's own registration later updates the same deployment: Prefect upserts by name)."""
+        from prefect.exceptions import ObjectNotFound
+
+        if self._deployment_id is None:
+            try:
+                dep = await client.read_deployment_by_name(f"{FLOW_NAME}/{JOB_DEPLOYMENT}")
+                self._deployment_id = dep.id
+            except ObjectNotFound:
+                self._deployment_id = await client.create_deployment(
+                    flow_id=await self._flow(client), name=JOB_DEPLOYMENT, tags=["apiary"],
+                    description="Apiary jobs submitted by the CLI or REST API (runs are made by Apiary's "
+                                "bridge). Retry on a finished run re-runs its job as a new job.",
+                )
+        return self._deployment_id
 
     # ------------------------------------------------------------------ main loop
 
@@ -249,8 +274,12 @@ class PrefectBridge:
                     self._save()
                     if not complete:
                         raise _Transient("batch stopped at a transient error")
+                for job in list(self.state["jobs"].values()):
+                    if job.get("want"):
+                        await self._flush_state(client, job)
                 for flow_run_id in list(self._pending_logs):
                     await self._flush_logs(client, flow_run_id)
+                await self._watch_cancels(client)
                 await self._poll_running_logs(client)
                 self._prune()
                 self._save()
@@ -335,10 +364,12 @@ class PrefectBridge:
                         self._job(ev["jobId"])["lastSeq"] = ev["seq"]
                     n += 1
                 counts.append(n)
-                flow_run_id = self.state["jobs"].get(job_events[0]["jobId"], {}).get("flowRunId")
+                job = self.state["jobs"].get(job_events[0]["jobId"], {})
                 try:
-                    await self._flush_logs(client, flow_run_id)
-                except Exception:  # transient only; the events are done, the lines stay queued
+                    if job.get("want"):
+                        await self._flush_state(client, job)
+                    await self._flush_logs(client, job.get("flowRunId"))
+                except Exception:  # transient only; the events are done, the state and lines stay queued
                     failed.append(job_events[-1]["seq"] + 1)
 
         await asyncio.gather(*(run_job(evs) for evs in by_job.values()))
@@ -378,7 +409,9 @@ class PrefectBridge:
         """Finished jobs whose events are all behind the cursor shrink to a tombstone."""
         for job_id, job in self.state["jobs"].items():
             if job.get("done") and job["lastSeq"] <= self.cursor and "inst" in job:
-                self.state["jobs"][job_id] = {"flowRunId": job["flowRunId"], "lastSeq": job["lastSeq"], "done": True}
+                self.state["jobs"][job_id] = {"flowRunId": job["flowRunId"], "lastSeq": job["lastSeq"], "done": True,
+                                              "owned": job.get("owned", True), "final": job.get("final"),
+                                              **({"want": job["want"]} if job.get("want") else {})}
 
     # ------------------------------------------------------------------ event handlers
 
@@ -414,27 +447,32 @@ class PrefectBridge:
     async def _on_job_submitted(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
         from prefect.client.schemas.actions import FlowRunCreate
         from prefect.exceptions import ObjectNotFound
-        from prefect.states import Pending, to_state_create
+        from prefect.states import to_state_create
 
         seq, t = ev["seq"], ev.get("time")
         user = d.get("user") or job_id.split("~")[0]
         job["user"] = user
+        tags = self._tags(d, user)
         given = d.get("flowRunId")
         if given:
             try:
-                await client.read_flow_run(uuid.UUID(str(given)))
+                run = await client.read_flow_run(uuid.UUID(str(given)))
                 job["flowRunId"], job["owned"] = str(given), False
+                # A run started from the UI has the deployment's tags only: add user:, vc:, priority:.
+                if not set(tags) <= set(run.tags or []):
+                    await client.update_flow_run(run.id, tags=sorted(set(run.tags or []) | set(tags)))
             except (ObjectNotFound, ValueError):
                 logger.warning("job=%s names flow run id=%s that Prefect lacks; creating one", job_id, given)
         if not job["flowRunId"]:
-            message = f"submitted by {user} to virtualCluster={d.get('virtualCluster')}"
+            first = states.submitted(user, d.get("virtualCluster"), d.get("priorityClass"))
             create = FlowRunCreate(
                 flow_id=await self._flow(client),
+                deployment_id=await self._job_deployment(client),
                 name=job_id,
-                parameters={},
-                tags=self._tags(d, user),
+                parameters={"job_id": job_id},
+                tags=tags,
                 labels={"apiary.job": job_id, "apiary.user": user},
-                state=to_state_create(Pending(message=message)),
+                state=to_state_create(_state(first)),
                 idempotency_key=f"apiary:{job_id}:{seq}",
             )
             # create_flow_run() takes no idempotency key; this is the same POST with one.
@@ -443,7 +481,8 @@ class PrefectBridge:
             )
             job["flowRunId"], job["owned"] = str(resp.json()["id"]), True
             await self.source.set_flow_run(job_id, job["flowRunId"])
-        job.setdefault("tags", self._tags(d, user))
+        job.setdefault("tags", tags)
+        self._want(job, states.waiting("waiting for placement"))
         await self._task(client, job_id, job, ev, "submit", "submit", "COMPLETED",
                          f"submitted at {_iso(t)} user={user} priorityClass={d.get('priorityClass')}")
         await self._open(client, job_id, job, ev, "queue:0", "queue", "Waiting", "waiting for placement")
@@ -456,6 +495,7 @@ class PrefectBridge:
         if key not in job["open"]:
             await self._open(client, job_id, job, ev, key, f"queue{_suffix(attempt)}", "Waiting",
                              f"waiting: {d.get('reason')}", attempt)
+        self._want(job, states.waiting(d.get("reason"), job.get("retryCause")))
         await self._log(client, job, ev, f"job.waiting attempt={attempt} reason={d.get('reason')}")
 
     async def _on_job_placed(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
@@ -483,13 +523,12 @@ class PrefectBridge:
         await self._log(client, job, ev, f"job.placed attempt={attempt} {where}")
 
     async def _on_task_started(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
-        from prefect.states import Running
-
         attempt, role, index = int(d.get("attempt", 0)), d["taskRole"], int(d["index"])
-        if job["owned"] and not job["running"]:
-            await client.set_flow_run_state(uuid.UUID(job["flowRunId"]),
-                                            Running(message=f"{role}/{index} started"), force=True)
+        if not job["running"]:
+            where = f"{role}/{index} started on {d.get('node')}" + (f" (attempt {attempt})" if attempt else "")
+            self._want(job, states.running(where))
         job["running"] = True
+        job.pop("retryCause", None)
         inst = job["inst"].setdefault(f"{attempt}/{role}/{index}", {})
         inst.update({"started": True, "node": d.get("node"), "gpus": d.get("gpus")})
         key = f"run:{role}:{attempt}"
@@ -518,6 +557,9 @@ class PrefectBridge:
         attempt = int(d.get("attempt", 0))
         msg = f"preempted by {d.get('by')}: {d.get('reason')}"
         await self._end_attempts(client, job_id, job, attempt + 1, "CANCELLED", msg, ev.get("time"))
+        job["retryCause"] = f"attempt {attempt} {msg}"
+        job["running"] = False
+        self._want(job, states.awaiting_retry(job["retryCause"]))
         await self._log(client, job, ev, f"job.preempted attempt={attempt} by={d.get('by')} reason={d.get('reason')}",
                         level=logging.WARNING)
 
@@ -525,6 +567,10 @@ class PrefectBridge:
         attempt = int(d.get("attempt", 0))
         msg = f"attempt {attempt - 1} failed ({d.get('kind')}): {d.get('reason')} exitCode={d.get('exitCode')}"
         await self._end_attempts(client, job_id, job, attempt, "FAILED", msg, ev.get("time"))
+        job["retryCause"] = (f"{d.get('kind')} retry, attempt {attempt}: {d.get('reason')} "
+                             f"(exit code {d.get('exitCode')})")
+        job["running"] = False
+        self._want(job, states.awaiting_retry(job["retryCause"]))
         await self._task(client, job_id, job, ev, f"retry@{attempt}", f"retry@{attempt}", "COMPLETED",
                          f"retry kind={d.get('kind')} reason={d.get('reason')} exitCode={d.get('exitCode')}", attempt)
         key = f"queue:{attempt}"
@@ -536,15 +582,15 @@ class PrefectBridge:
                         level=logging.WARNING)
 
     async def _on_job_stop_requested(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
+        job.setdefault("stoppedBy", (ev.get("data") or {}).get("by") or "a stop request")
         await self._log(client, job, ev, "job.stop_requested", level=logging.WARNING)
 
     async def _on_job_completed(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
         from prefect.client.schemas.actions import ArtifactCreate
-        from prefect.states import State, StateType
 
         apiary_state = str(d.get("state", "FAILED")).upper()
-        ptype = _JOB_STATE_TO_PREFECT.get(apiary_state, "FAILED")
-        msg = f"job {apiary_state} exitCode={d.get('exitCode')} attempt={d.get('attempt')}"
+        end = states.final(apiary_state, d.get("exitCode"), d.get("attempt"), job.get("stoppedBy"))
+        ptype, msg = end.type, end.message
         await self._end_attempts(client, job_id, job, 10**9, ptype, msg, ev.get("time"))
         tr = await self._task(client, job_id, job, ev, "complete", "complete", ptype, msg)
         retries = [k for k in job["inst"] if not k.startswith("0/")]
@@ -563,10 +609,90 @@ class PrefectBridge:
         ))
         await self._log(client, job, ev, f"job.completed {msg}",
                         level=logging.INFO if apiary_state == "SUCCEEDED" else logging.ERROR)
-        if job["owned"]:
-            await client.set_flow_run_state(uuid.UUID(job["flowRunId"]), State(type=StateType(ptype), message=msg),
-                                            force=True)
+        job["final"] = _spec_dict(end)
+        if job["owned"]:  # an attached run ends when its flow returns the same state (flows/job.py)
+            self._want(job, end)
         job["done"] = True
+
+    # ------------------------------------------------------------------ flow run state
+
+    @staticmethod
+    def _want(job: dict, spec: StateSpec) -> None:
+        """The flow run state a job should show now (:mod:`apiary.tracking.states`). Set once per
+        job per batch (:meth:`_flush_state`): one request however many events the batch held."""
+        job["want"] = _spec_dict(spec)
+
+    async def _flush_state(self, client: Any, job: dict) -> None:
+        """Set the job's wanted flow run state.
+
+        A bridge-made run is set with ``force`` (Prefect's rules refuse e.g. Running -> Pending,
+        which a preemption is). A run a flow engine owns (started from the UI) gets only
+        non-final states, and none once it is final or cancelling: the engine ends it.
+        """
+        from prefect.exceptions import ObjectNotFound
+
+        want, fid = job.get("want"), job.get("flowRunId")
+        if not want or not fid:
+            return
+        spec = StateSpec(**want)
+        if not job.get("owned", True):
+            try:
+                run = await client.read_flow_run(uuid.UUID(fid))
+            except ObjectNotFound:
+                run = None
+            if spec.final or run is None or run.state is None or run.state.is_final() or run.state.is_cancelling():
+                job.pop("want", None)
+                return
+        await client.set_flow_run_state(uuid.UUID(fid), _state(spec), force=True)
+        job.pop("want", None)
+
+    async def _watch_cancels(self, client: Any) -> None:
+        """Cancel in the UI stops the job (at most every ``cancel_poll_s``).
+
+        Reads the runs of flow ``apiary-job`` that are Cancelling, or that became Cancelled since
+        the last look (a flow engine's runner cancels its own runs), and asks Apiary to stop each
+        unfinished job attached to them; the job's end (STOPPED) then makes the run Cancelled.
+        A Cancelling run whose job had already ended gets the job's final state back.
+        """
+        from prefect.client.schemas.filters import (
+            FlowFilter,
+            FlowFilterName,
+            FlowRunFilter,
+            FlowRunFilterEndTime,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+        )
+        from prefect.client.schemas.objects import StateType
+
+        now = time.monotonic()
+        if now - self._cancel_checked < self.cancel_poll_s:
+            return
+        self._cancel_checked = now
+        since = self._cancel_after or datetime.now(UTC)
+        self._cancel_after = datetime.now(UTC)
+        flows = FlowFilter(name=FlowFilterName(any_=[FLOW_NAME]))
+        cancelling = await client.read_flow_runs(flow_filter=flows, limit=200, flow_run_filter=FlowRunFilter(
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CANCELLING]))))
+        cancelled = await client.read_flow_runs(flow_filter=flows, limit=200, flow_run_filter=FlowRunFilter(
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CANCELLED])),
+            end_time=FlowRunFilterEndTime(after_=since - timedelta(seconds=30))))
+        by_run: dict[str, list[tuple[str, dict]]] = {}
+        for job_id, job in self.state["jobs"].items():
+            if job.get("flowRunId"):
+                by_run.setdefault(job["flowRunId"], []).append((job_id, job))
+        for run in [*cancelling, *cancelled]:
+            jobs = by_run.get(str(run.id), [])
+            live = [(j, job) for j, job in jobs if not job.get("done")]
+            for job_id, job in live:
+                if not job.get("stopAsked"):
+                    logger.info("flow run %s cancelled in Prefect: stopping job=%s", run.id, job_id)
+                    await self.source.stop(job_id)
+                    job["stopAsked"] = True
+                    job["stoppedBy"] = "Cancel in the Prefect UI"
+            if not live and jobs and run.state is not None and run.state.is_cancelling():
+                job_id, job = jobs[-1]
+                if job.get("owned", True) and job.get("final"):
+                    await client.set_flow_run_state(run.id, _state(StateSpec(**job["final"])), force=True)
 
     # ------------------------------------------------------------------ building blocks
 
@@ -728,6 +854,17 @@ class PrefectBridge:
                 await self._ship_instance(client, item[0], item[1], item[2], item[3], item[4], final=False)
 
         await asyncio.gather(*(one(i) for i in todo))
+
+
+def _spec_dict(spec: StateSpec) -> dict[str, str]:
+    return {"type": spec.type, "name": spec.name, "message": spec.message}
+
+
+def _state(spec: StateSpec) -> Any:
+    """The Prefect state object of a :class:`~apiary.tracking.states.StateSpec`."""
+    from prefect.states import State, StateType
+
+    return State(type=StateType(spec.type), name=spec.name, message=spec.message)
 
 
 def _batches(rows: Iterable[dict]) -> Iterable[list[dict]]:

@@ -58,6 +58,12 @@ class JobEventSource(Protocol):
         """Record the Prefect flow run id of a job (``PUT /api/v2/jobs/{id}/flowRun``)."""
         ...
 
+    async def stop(self, job_id: str) -> None:
+        """Ask Apiary to stop a job (``PUT /api/v2/jobs/{id}/executionType`` STOP): the Cancel
+        button of its flow run. Idempotent (stopping a finished job changes nothing); not
+        blocking (the job ends STOPPED later); raises UnavailableError to mean "try again"."""
+        ...
+
 
 def _raise_for(resp: httpx.Response, what: str) -> None:
     if resp.status_code >= 400:
@@ -136,6 +142,9 @@ class HttpEventSource:
     async def set_flow_run(self, job_id: str, flow_run_id: str) -> None:
         await self._request("PUT", f"/jobs/{job_id}/flowRun", f"flowRun job={job_id}", json={"id": flow_run_id})
 
+    async def stop(self, job_id: str) -> None:
+        await self._request("PUT", f"/jobs/{job_id}/executionType", f"stop job={job_id}", json={"value": "STOP"})
+
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.aclose()
@@ -146,7 +155,8 @@ class MemoryEventSource:
     """In-memory :class:`JobEventSource`: a TEST DOUBLE, not a store.
 
     Feed it with :meth:`emit` (events get the next ``seq``), :meth:`set_job` and
-    :meth:`write_log`; it records :meth:`set_flow_run` calls in ``flow_runs``. Set
+    :meth:`write_log`; it records :meth:`set_flow_run` calls in ``flow_runs`` and :meth:`stop`
+    calls in ``stops``. Set
     ``fail`` to an exception to make every call raise it (Apiary down).
     """
 
@@ -155,6 +165,7 @@ class MemoryEventSource:
         self._jobs: dict[str, dict] = {}
         self._logs: dict[tuple[str, str, int, int, str], bytes] = {}
         self.flow_runs: dict[str, str] = {}
+        self.stops: list[str] = []
         self.fail: Exception | None = None
 
     def emit(self, job_id: str, type: str, data: dict | None = None, time_s: float | None = None) -> dict:
@@ -203,3 +214,7 @@ class MemoryEventSource:
         self.flow_runs[job_id] = flow_run_id
         if job_id in self._jobs:
             self._jobs[job_id]["flowRunId"] = flow_run_id
+
+    async def stop(self, job_id: str) -> None:
+        self._check()
+        self.stops.append(job_id)

@@ -37,6 +37,13 @@ async def submit(
     return await run_in_threadpool(plane.submit, body, who, flow_run_id=x_apiary_flow_run_id)
 
 
+@router.post("/jobs/{job_id}/clone", status_code=202, response_model=JobJson)
+async def clone(job_id: str, plane: Plane, x_apiary_flow_run_id: str | None = Header(default=None)) -> dict:
+    """Submit a copy of the job as ``<name>-retry<N>`` (the Retry button of its Prefect flow run);
+    ``X-Apiary-Flow-Run-Id`` attaches the copy to that flow run. 202: the new job."""
+    return await run_in_threadpool(plane.clone, job_id, flow_run_id=x_apiary_flow_run_id)
+
+
 @router.get("/jobs", response_model=list[JobJson])
 def list_jobs(
     plane: Plane, username: str | None = None, virtualCluster: str | None = None, state: str | None = None
