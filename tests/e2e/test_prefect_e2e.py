@@ -96,25 +96,73 @@ def completed(name: str):
     return run if run is not None and run.state_name == "Completed" else None
 
 
-def test_run_form_submission_from_the_job_deployment(platform):
-    p, c = platform
-    spec = yaml.safe_load(job_text(0, 1, name="from-prefect-ui"))
-
+def _run_deployment(name: str, parameters: dict):
     async def create(client):
-        deployment = await client.read_deployment_by_name("apiary-job/submit")
-        return await client.create_flow_run_from_deployment(deployment.id, parameters={"job": spec, "user": "dave"})
+        deployment = await client.read_deployment_by_name(name)
+        return await client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
 
-    run = until(lambda: _try(lambda: prefect(create)), 60, "the apiary-job/submit deployment")
+    return until(lambda: _try(lambda: prefect(create)), 60, f"the {name} deployment")
+
+
+def _final_run(run_id):
+    return until(lambda: (r := prefect(lambda cl: cl.read_flow_run(run_id))).state.is_final() and r, 120,
+                 "the flow run to finish")
+
+
+def test_run_form_submission_from_the_job_deployment(platform):
+    """What the form sends: typed fields, no protocolVersion/type, no JSON typing."""
+    p, c = platform
+    role = {"name": "train", "instances": 1, "gpus": 1, "cpu": 2, "memory_mb": 4096, "image": "python:3.11",
+            "commands": ["python3 -c 'print(\"hello from the form\")'"]}
+    run = _run_deployment("apiary-job/submit", {"name": "from-prefect-ui", "user": "dave", "virtual_cluster": "vc1",
+                                                "priority_class": "prod", "task_roles": [role]})
     job = until(lambda: _try(lambda: c.get("dave~from-prefect-ui")), 120, "the job submitted by the flow run")
     job = c.wait(job["id"], timeout=120)
-    assert job["state"] == "SUCCEEDED"
+    assert job["state"] == "SUCCEEDED" and job["virtualCluster"] == "vc1" and job["priorityClass"] == "prod"
     assert job["flowRunId"] == str(run.id)
-    final = until(lambda: (r := prefect(lambda cl: cl.read_flow_run(run.id))).state.is_final() and r, 120,
-                  "the deployment's flow run to finish")
+    final = _final_run(run.id)
     assert final.state_name == "Completed" and final.name == "dave~from-prefect-ui"
+    assert {"user:dave", "vc:vc1", "priority:prod"} <= set(final.tags)  # added by the bridge
     # The bridge attached the job's lifecycle to the deployment's own flow run.
     names = until(lambda: {"placement", "run-train"} <= (n := task_run_names(run.id)) and n, 60, "task runs")
     assert "submit" in names
+
+
+def test_yaml_submission_and_a_bad_job_fails_the_run_with_the_apis_message(platform):
+    p, c = platform
+    run = _run_deployment("apiary-job/submit-yaml", {"job_yaml": job_text(0, 1, name="from-yaml"), "user": "dave"})
+    assert _final_run(run.id).state_name == "Completed"
+    bad = yaml.safe_load(job_text(0, 1, name="too-big"))
+    bad["taskRoles"]["train"]["resourcePerInstance"]["gpu"] = 64
+    run = _run_deployment("apiary-job/submit-yaml", {"job_yaml": yaml.safe_dump(bad), "user": "dave"})
+    final = _final_run(run.id)
+    assert final.state_name == "Failed"
+    with pytest.raises(Exception) as api_error:
+        c.submit(yaml.safe_dump(bad), "dave")
+    assert str(api_error.value.message) in final.state.message  # the same words as the API
+
+
+def test_cancel_stops_the_job_and_retry_re_runs_it(platform):
+    """The UI's Cancel (state Cancelling) and Retry (state AwaitingRetry) on a CLI job's run."""
+    from prefect.states import AwaitingRetry, Cancelling
+
+    p, c = platform
+    job_id = c.submit(job_text(0, 600, name="cancel-me"), user="erin")["id"]
+    until(lambda: c.get(job_id)["state"] == "RUNNING", 120, "the job running")
+    run = until(lambda: (r := flow_run_named(job_id)) and r.state_name == "Running" and r, 60, "its run Running")
+    assert run.deployment_id is not None
+    prefect(lambda cl: cl.set_flow_run_state(run.id, Cancelling(message="Cancel from the UI")))
+    assert c.wait(job_id, timeout=120)["state"] == "STOPPED"
+    run = until(lambda: (r := flow_run_named(job_id)) and r.state_name == "Cancelled" and r, 60, "its run Cancelled")
+    assert "Cancel in the Prefect UI" in run.state.message
+
+    prefect(lambda cl: cl.set_flow_run_state(run.id, AwaitingRetry(message="Retry from the UI"), force=True))
+    clone = until(lambda: _try(lambda: c.get("erin~cancel-me-retry1")), 120, "the re-run job")
+    assert clone["flowRunId"] == str(run.id)
+    until(lambda: c.get(clone["id"])["state"] == "RUNNING", 120, "the re-run job running")
+    c.stop(clone["id"])
+    final = _final_run(run.id)
+    assert final.state_name == "Cancelled" and "cancel-me-retry1" in final.state.message
 
 
 def test_cli_job_is_a_flow_run_with_lifecycle_task_runs_and_logs(platform):
