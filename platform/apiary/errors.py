@@ -83,6 +83,18 @@ class TooManyRequestsError(UserError):
     code = "TooManyRequestsError"
 
 
+class PortInUseError(UserError):
+    """A port Apiary was told to listen on is taken (another platform on this machine?). HTTP 409."""
+
+    status_code = 409
+    code = "PortInUseError"
+
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+        self.port = port
+        self.host = host
+        super().__init__(f"port {port} on {host} is in use (another Apiary platform?)")
+
+
 class PlatformError(ApiaryError):
     """Apiary or a backend failed; the request may succeed later. HTTP 500."""
 

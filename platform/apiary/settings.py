@@ -6,10 +6,37 @@ variable (``APIARY_HOME``).
 
 from __future__ import annotations
 
+import os
+import uuid
 from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: The file in home that holds the platform's identity (see :func:`ensure_cluster_id`).
+CLUSTER_ID_FILE = "cluster-id"
+
+
+def ensure_cluster_id(home: Path) -> str:
+    """The cluster id recorded in ``home``, written first (a random UUID) if there is none.
+
+    ``apiary up`` calls it on every start, so a home keeps its id for life; the control plane
+    serves it in ``GET /healthz`` (``clusterId``) and the CLI refuses a platform whose id is not its
+    home's. The file appears whole or not at all (a hard link of a written temporary file, which
+    fails if the name exists), so of two starts racing on one home both read the same id.
+    """
+    path = home / CLUSTER_ID_FILE
+    if not path.exists():
+        home.mkdir(parents=True, exist_ok=True)
+        tmp = home / f".{CLUSTER_ID_FILE}.{os.getpid()}"
+        tmp.write_text(f"{uuid.uuid4()}\n", encoding="utf-8")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # the other start won
+        finally:
+            tmp.unlink()
+    return path.read_text(encoding="utf-8").strip()
 
 
 class Settings(BaseSettings):
@@ -53,6 +80,12 @@ class Settings(BaseSettings):
     @property
     def cluster_path(self) -> Path:
         return self.home_dir / "cluster.yaml"
+
+    def cluster_id(self) -> str | None:
+        """The platform identity recorded in home (:func:`ensure_cluster_id`); None before the first
+        ``apiary up``."""
+        path = self.home_dir / CLUSTER_ID_FILE
+        return (path.read_text(encoding="utf-8").strip() or None) if path.exists() else None
 
     def resolved_api_url(self) -> str | None:
         """``APIARY_API_URL`` if set, else the URL a running ``apiary up`` recorded in ``home/run/api_url``."""

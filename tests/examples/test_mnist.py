@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -50,6 +51,27 @@ def test_ten_epochs_at_lr_0_1_learn_the_digits() -> None:
     assert len(lines) == 10
     assert float(lines[-1][5]) > 0.90
     assert float(lines[-1][3]) < float(lines[0][3])  # the loss went down
+
+
+def load_main():
+    """examples/mnist/main.py as a module (``examples`` is no package), to call ``main`` in process."""
+    spec = importlib.util.spec_from_file_location("mnist_main", MAIN)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_lab6_arguments_learn_the_digits_in_one_epoch(capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # Lab 6's job files run exactly this; plain SGD on raw pixels ended at chance (about 0.11).
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert load_main().main(["--epochs", "1", "--lr", "0.01", "--batch-size", "64"]) == 0
+    out = capsys.readouterr().out
+    [line] = epoch_lines(out)
+    final = re.search(r"^final test_acc=(\d\.\d+)$", out, re.MULTILINE)
+    assert final is not None, out
+    assert float(final[1]) == float(line[5]) >= 0.85
 
 
 @pytest.mark.parametrize(

@@ -36,9 +36,10 @@ from apiary.settings import Settings
 logger = logging.getLogger(__name__)
 
 
-def create_app(plane: ControlPlane, receiver: AlertReceiver | None = None) -> FastAPI:
+def create_app(plane: ControlPlane, receiver: AlertReceiver | None = None, *, cluster_id: str | None = None) -> FastAPI:
     """The app over ``plane``; ``receiver`` handles Alertmanager's webhook (default: the
-    packaged actions config, or ``APIARY_ALERT_ACTIONS``)."""
+    packaged actions config, or ``APIARY_ALERT_ACTIONS``); ``cluster_id`` is the platform's identity
+    that ``/healthz`` answers (:func:`apiary.settings.ensure_cluster_id`)."""
     if receiver is None:
         receiver = AlertReceiver(plane, ActionsConfig.load(Settings().alert_actions))
     waiters = NodeWaiters()
@@ -84,8 +85,8 @@ def create_app(plane: ControlPlane, receiver: AlertReceiver | None = None) -> Fa
 
     @app.get("/healthz", response_model=Health)
     def healthz() -> dict:
-        """Liveness: the serving process and when it started."""
-        return {"status": "ok", "pid": os.getpid(), "startedAt": started}
+        """Liveness: the serving process, when it started, and which platform it is."""
+        return {"status": "ok", "pid": os.getpid(), "startedAt": started, "clusterId": cluster_id}
 
     for router in routers.ALL:
         app.include_router(router)

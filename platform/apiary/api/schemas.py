@@ -339,6 +339,10 @@ class Health(BaseModel):
     status: Literal["ok"]
     pid: int
     startedAt: float = Field(description="Unix seconds.")
+    clusterId: str | None = Field(
+        None, description="The platform's identity (home/cluster-id, written by the first apiary up); the CLI "
+        "refuses a platform whose id is not the one recorded in its APIARY_HOME.",
+    )
 
 
 #: Documented on every route: errors answer ErrorBody (FastAPI's own 422 shape is never sent; a

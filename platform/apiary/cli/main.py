@@ -17,10 +17,10 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from apiary.cli.sim import sim_app
-from apiary.errors import ApiaryError
+from apiary.errors import ApiaryError, PortInUseError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Apiary: multi-tenant GPU cluster platform.")
 job_app = typer.Typer(no_args_is_help=True, help="Submit and watch jobs (OpenPAI job protocol v2).")
@@ -43,13 +43,30 @@ def _settings():
 
 
 def _client():
+    """A client of the platform in APIARY_API_URL, else of the one ``apiary up`` recorded in
+    APIARY_HOME. A recorded platform must prove it is that home's (its ``clusterId`` in /healthz):
+    after a platform dies without cleaning up, another one may hold its port."""
     from apiary.client import ApiaryClient
 
-    url = _settings().resolved_api_url()
+    settings = _settings()
+    url = settings.resolved_api_url()
     if not url:
         err.print("No Apiary platform found: run `apiary up` or set APIARY_API_URL.")
         raise typer.Exit(1)
-    return ApiaryClient(url)
+    client = ApiaryClient(url)
+    expected = settings.cluster_id()
+    if settings.api_url or expected is None:
+        return client  # an explicit URL is trusted; a home from before cluster ids has nothing to check
+    answered = client.health().get("clusterId")  # unreachable: UnavailableError, as any call
+    if answered != expected:
+        err.print(
+            f"error: the platform at {url} is cluster {answered or '(no cluster id)'}, but APIARY_HOME "
+            f"{settings.home_dir} belongs to cluster {expected}. Another Apiary platform holds that port; "
+            "run apiary up for this home, or set APIARY_API_URL to use that platform.",
+            markup=False, highlight=False, soft_wrap=True,
+        )
+        raise typer.Exit(1)
+    return client
 
 
 def _logging(verbose: bool = False) -> None:
@@ -100,6 +117,9 @@ def up(
             console.print(f"Prometheus:  {platform.prometheus_url}   Alertmanager: {platform.alertmanager_url}")
         console.print(f"State:       {settings.home_dir}   Ctrl-C stops.")
         platform.supervise()
+    except PortInUseError as e:
+        err.print(f"[red]error[/red]: {e.message}; use --port N", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
     except ApiaryError as e:
         platform.stop()
         _fail(e)
@@ -111,7 +131,7 @@ def up(
 
 @app.command("control-plane", hidden=True)
 def control_plane(port: int = typer.Option(8470), host: str = typer.Option("127.0.0.1")) -> None:
-    """Run the control-plane process (started by `apiary up`)."""
+    """Run the control-plane process (started by apiary up)."""
     from apiary.control.server import serve
 
     _logging()
@@ -130,7 +150,7 @@ def agent(
         None, help='Serve each node\'s /metrics: JSON {"node": port} (0 = any free port), or "auto".'
     ),
 ) -> None:
-    """Run node agents (started by `apiary up`). SIGTERM stops them and their tasks."""
+    """Run node agents (started by apiary up). SIGTERM stops them and their tasks."""
     import httpx
 
     from apiary.runtime.agent import run_agents
@@ -169,7 +189,7 @@ def agent(
 def prefect_bridge(
     api: str = typer.Option(...), prefect_api: str = typer.Option(...), state: Path = typer.Option(...)
 ) -> None:
-    """Mirror Apiary's jobs into Prefect flow runs (started by `apiary up`)."""
+    """Mirror Apiary's jobs into Prefect flow runs (started by apiary up)."""
     from apiary.tracking.bridge import run_bridge
 
     _logging()
@@ -182,17 +202,17 @@ def job_submit(
     file: Path = typer.Argument(..., exists=True, dir_okay=False, help="OpenPAI job protocol v2 YAML."),
     user: str | None = typer.Option(None, "--user", help="Submit as this user (default APIARY_USER or login)."),
 ) -> None:
-    """Submit a job; prints its id ``user~name``."""
+    """Submit a job; prints its id, user~name."""
     who = user or _settings().user or getpass.getuser()
     try:
         job = _client().submit(file.read_text(), who)
     except ApiaryError as e:
         _fail(e)
-    console.print(job["id"], highlight=False)
+    print(job["id"])  # plain: scripts read it, and rich would fold an id longer than the terminal
 
 
 @job_app.command("get")
-def job_get(job_id: str, as_json: bool = typer.Option(False, "--json")) -> None:
+def job_get(job_id: str, as_json: bool = typer.Option(False, "--json", help="Print the job as JSON.")) -> None:
     """Show one job."""
     try:
         job = _client().get(job_id)
@@ -208,6 +228,17 @@ def job_get(job_id: str, as_json: bool = typer.Option(False, "--json")) -> None:
     _task_table(job)
 
 
+def _uncut_column(header: str, values: list[str]) -> Column:
+    """A table column for what users copy into the next command (job ids, node names): never cut.
+    It stays on one line while the terminal has room for it and the other columns wrap around it;
+    a value wider than the terminal is folded over several lines, every character kept."""
+    longest = max((len(v) for v in values), default=len(header))
+    room = max(console.width - 4, 1)  # the column's own borders and padding
+    if longest <= room:
+        return Column(header, no_wrap=True, min_width=longest)
+    return Column(header, overflow="fold", min_width=room)
+
+
 def _task_table(job: dict) -> None:
     t = Table("taskRole", "index", "state", "node", "gpus", "exitCode")
     for task in job["tasks"]:
@@ -220,10 +251,10 @@ def _task_table(job: dict) -> None:
 
 @job_app.command("list")
 def job_list(
-    as_json: bool = typer.Option(False, "--json"),
-    user: str | None = typer.Option(None, "--user"),
-    vc: str | None = typer.Option(None, "--vc"),
-    state: str | None = typer.Option(None, "--state"),
+    as_json: bool = typer.Option(False, "--json", help="Print the jobs as JSON."),
+    user: str | None = typer.Option(None, "--user", help="Only this user's jobs."),
+    vc: str | None = typer.Option(None, "--vc", help="Only jobs in this virtual cluster."),
+    state: str | None = typer.Option(None, "--state", help="Only jobs in this state (WAITING, RUNNING, ...)."),
 ) -> None:
     """List jobs."""
     try:
@@ -233,7 +264,7 @@ def job_list(
     if as_json:
         print(json.dumps(jobs, indent=2))
         return
-    t = Table("id", "state", "vc", "priority", "retries", "waiting reason")
+    t = Table(_uncut_column("id", [j["id"] for j in jobs]), "state", "vc", "priority", "retries", "waiting reason")
     for j in jobs:
         t.add_row(j["id"], j["state"], j["virtualCluster"], j["priorityClass"], str(j["retries"]),
                   j["waitingReason"] or "")
@@ -245,7 +276,7 @@ def job_logs(
     job_id: str,
     task: str | None = typer.Option(None, "--task", help="ROLE/INDEX, default the first role's instance 0."),
     stream: str = typer.Option("stdout", "--stream", help="stdout, stderr or all."),
-    attempt: int | None = typer.Option(None, "--attempt"),
+    attempt: int | None = typer.Option(None, "--attempt", help="Only this attempt (default: all, oldest first)."),
 ) -> None:
     """Print a task instance's log."""
     role, index = None, 0
@@ -284,7 +315,7 @@ def job_wait(job_id: str, timeout: float | None = typer.Option(None, "--timeout"
 
 # ---------------------------------------------------------------------- nodes / cluster
 @node_app.command("list")
-def node_list(as_json: bool = typer.Option(False, "--json")) -> None:
+def node_list(as_json: bool = typer.Option(False, "--json", help="Print the nodes as JSON.")) -> None:
     """List nodes; simulated GPUs are marked."""
     try:
         nodes = _client().nodes()
@@ -293,7 +324,8 @@ def node_list(as_json: bool = typer.Option(False, "--json")) -> None:
     if as_json:
         print(json.dumps(nodes, indent=2))
         return
-    t = Table("name", "gpus", "used", "simulated", "healthy", "cordoned", "sku")
+    t = Table(_uncut_column("name", [n["name"] for n in nodes]), "gpus", "used", "simulated", "healthy", "cordoned",
+              "sku")
     for n in nodes:
         sim = "yes (simulated GPUs)" if n["simulatedGpus"] else ("no" if n["simulatedGpus"] is False else "-")
         t.add_row(n["name"], str(n["gpus"]), str(n["gpusUsed"]), sim, str(n["healthy"]), str(n["cordoned"]),
@@ -342,9 +374,12 @@ def node_uncordon(node: str) -> None:
 @cluster_app.command("status")
 def cluster_status(
     vc: str | None = typer.Option(None, "--vc", help="Only this virtual cluster."),
-    as_json: bool = typer.Option(True, "--json/--table"),
+    as_json: bool = typer.Option(False, "--json", help="Print the whole view as JSON (with nodes and placements)."),
 ) -> None:
-    """Scheduler view: virtual clusters (quota, used, free, opportunistic, bad cells), nodes, reservations."""
+    """Scheduler view: virtual clusters' cells and the reservations held for preemptors.
+
+    Per virtual cluster: quota, used, free, reserved, opportunistic, bad and doomed leaf cells.
+    """
     try:
         status = _client().cluster_status(vc)
     except ApiaryError as e:
@@ -352,17 +387,29 @@ def cluster_status(
     if as_json:
         print(json.dumps(status, indent=2))
         return
-    t = Table("virtual cluster", "quota", "used", "free", "opportunistic", "bad", "doomed")
+    t = Table("virtual cluster", "quota", "used", "free", "reserved", "opportunistic", "bad", "doomed",
+              title="Virtual clusters (leaf cells)")
     for name, v in status["virtualClusters"].items():
-        t.add_row(name, *(str(v.get(k, "")) for k in ("quota", "used", "free", "opportunisticUsed", "badCells",
-                                                       "doomedBadCells")))
+        t.add_row(name, *(str(v.get(k, "")) for k in ("quota", "used", "free", "reserved", "opportunisticUsed",
+                                                       "badCells", "doomedBadCells")))
     console.print(t)
+    reservations = status.get("reservations") or {}
+    if not reservations:
+        console.print("No reservations.")
+        return
+    r = Table(_uncut_column("reserved for", list(reservations)), "priority", "victims", "cells",
+              title="Reservations (cells held for a preemptor)")
+    for group, res in reservations.items():
+        r.add_row(group, str(res["priority"]), ", ".join(res["victims"]), ", ".join(res["cells"]))
+    console.print(r)
 
 
 @cluster_app.command("apply")
 def cluster_apply(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="HiveD config YAML.")) -> None:
-    """Apply a changed cluster config with jobs running: jobs that still fit keep running, the rest
-    are retried (each with the reason)."""
+    """Apply a changed cluster config with jobs running.
+
+    Jobs that still fit keep running; the rest are retried, each with the reason.
+    """
     try:
         result = _client().apply_cluster_config(file.read_text())
     except ApiaryError as e:
@@ -374,7 +421,7 @@ def cluster_apply(file: Path = typer.Argument(..., exists=True, dir_okay=False, 
 @demo_app.command("lab6")
 def demo_lab6(
     prefect: bool = typer.Option(True, "--prefect/--no-prefect", help="Also run Prefect and mirror the jobs."),
-    sleep_s: int = typer.Option(4, "--sleep", help="Seconds that replace the jobs' `sleep 5m` (documented override)."),
+    sleep_s: int = typer.Option(4, "--sleep", help="Seconds that replace the jobs' 'sleep 5m' (documented override)."),
     keep: bool = typer.Option(False, "--keep", help="Keep the demo's state directory."),
 ) -> None:
     """Run the AI-System Lab 6 scenarios on a fresh embedded platform; exit 0 only if all pass."""

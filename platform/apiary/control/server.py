@@ -12,7 +12,7 @@ from apiary.api import create_app
 from apiary.control.config import check_cluster_config
 from apiary.control.loop import SchedulingLoop
 from apiary.control.plane import ControlPlane
-from apiary.settings import Settings
+from apiary.settings import Settings, ensure_cluster_id
 from apiary.store import make_engine, migrate, session_factory
 
 logger = logging.getLogger(__name__)
@@ -31,8 +31,10 @@ def build_plane(settings: Settings) -> ControlPlane:
 
 
 def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8470) -> None:
-    """Run until SIGINT/SIGTERM. Writes ``home/run/control-plane.pid``."""
+    """Run until SIGINT/SIGTERM. Writes ``home/run/control-plane.pid``; serves home's cluster id
+    (written here if ``apiary up`` did not) in ``GET /healthz``."""
     plane = build_plane(settings)
+    cluster_id = ensure_cluster_id(settings.home_dir)
     # Short collector pauses with a large scheduler state (apiary.gcpolicy): at 10,000 nodes a full
     # collection of the whole heap took 450 ms, stalling decisions and requests alike.
     gcpolicy.install()
@@ -43,7 +45,7 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8470) -> None
     logger.info("control plane listening on http://%s:%d", host, port)
     try:
         uvicorn.run(
-            create_app(plane), host=host, port=port, log_level="warning", access_log=False,
+            create_app(plane, cluster_id=cluster_id), host=host, port=port, log_level="warning", access_log=False,
             timeout_graceful_shutdown=2,  # agents' long polls must not hold a restart
         )
     finally:
