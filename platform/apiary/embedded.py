@@ -30,9 +30,17 @@ from pathlib import Path
 import httpx
 
 from apiary.control.config import check_cluster_config
-from apiary.errors import PlatformError, UnavailableError
-from apiary.procutil import die_with_parent
-from apiary.tracking.prefect_server import PrefectServer, free_port, prefect_env, start_prefect_server
+from apiary.errors import PlatformError, PortInUseError, UnavailableError
+from apiary.procutil import die_with_parent, port_in_use
+from apiary.settings import ensure_cluster_id
+from apiary.tracking.prefect_server import (
+    PrefectServer,
+    ensure_database,
+    free_port,
+    prefect_database_url,
+    prefect_env,
+    start_prefect_server,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -127,8 +135,9 @@ class Embedded:
 
     def start(self) -> None:
         """Start every child and wait until the API answers. Raises ValidationError for a bad
-        cluster config (before anything starts or is written) and PlatformError/UnavailableError if a
-        child cannot start."""
+        cluster config and PortInUseError for a taken ``api_port`` (both before anything starts or
+        is written), and PlatformError/UnavailableError if a child cannot start or the API that
+        answers is not this home's (its ``clusterId``, :func:`~apiary.settings.ensure_cluster_id`)."""
         target = self.home / "cluster.yaml"
         source = Path(self.cluster) if self.cluster is not None else target
         if self.cluster is None and not target.exists():
@@ -136,7 +145,12 @@ class Embedded:
         # The checks of PUT /api/v2/cluster/config, here: a bad config fails with its field named
         # (400), not as a control plane that exits with the field in its log.
         check_cluster_config(source)
+        # A second platform on this machine must not start on the first one's port: its control
+        # plane would fail to bind while the first one answered its health checks.
+        if self.api_port and port_in_use(self.api_port):
+            raise PortInUseError(self.api_port)
         self.home.mkdir(parents=True, exist_ok=True)
+        cluster_id = ensure_cluster_id(self.home)
         run = self.home / "run"
         run.mkdir(exist_ok=True)
         if self.cluster is not None and (not target.exists() or source.resolve() != target):
@@ -149,7 +163,10 @@ class Embedded:
             logs / "control-plane.log",
         )
         self.children["control-plane"].start()
-        self.wait_api()
+        answered = self.wait_api().get("clusterId")
+        if answered != cluster_id:
+            raise PlatformError(f"{self.api_url} answers as cluster {answered}, not this platform's {cluster_id} "
+                                f"(another platform took port {self.api_port}?)")
         (run / "api_url").write_text(self.api_url)
         # Every node agent serves /metrics on a port fixed here, so a restarted agent keeps its
         # Prometheus target.
@@ -201,8 +218,17 @@ class Embedded:
         self.alertmanager_url = f"http://127.0.0.1:{am_port}"
 
     def _start_prefect(self, base: dict[str, str], logs: Path) -> None:
+        """Start the Prefect server (unless ``prefect_api_url`` names one), bridge and serve.
+
+        When Apiary's store is PostgreSQL (``APIARY_DATABASE_URL`` in the children's
+        environment), the server runs on PostgreSQL too: database ``<apiary db>_prefect`` on the
+        same server, created if missing (a SQLite-backed server answers 503 under concurrent
+        writes). Otherwise it keeps its zero-setup SQLite file in ``home/prefect``.
+        """
         if self.prefect_api_url is None:
-            self.prefect_server = start_prefect_server(self.home / "prefect")
+            self.prefect_server = start_prefect_server(
+                self.home / "prefect", database_url=self._prefect_database(base.get("APIARY_DATABASE_URL"))
+            )
             api = self.prefect_server.api_url
         else:
             api = self.prefect_api_url
@@ -219,6 +245,16 @@ class Embedded:
         )
         for name in ("prefect-bridge", "prefect-serve"):
             self.children[name].start()
+
+    @staticmethod
+    def _prefect_database(apiary_database_url: str | None) -> str | None:
+        """Prefect's database URL for Apiary's (None: SQLite), created on the server if missing."""
+        url = prefect_database_url(apiary_database_url)
+        if url is not None:
+            from sqlalchemy.engine import make_url
+
+            ensure_database(str(apiary_database_url), str(make_url(url).database))
+        return url
 
     def wait_api(self, timeout_s: float = 60.0) -> dict:
         deadline = time.monotonic() + timeout_s
@@ -253,7 +289,9 @@ class Embedded:
         ):
             logger.warning("prefect server died; restarting on port %d", self.prefect_server.port)
             try:
-                self.prefect_server = start_prefect_server(self.home / "prefect", port=self.prefect_server.port)
+                self.prefect_server = start_prefect_server(
+                    self.home / "prefect", port=self.prefect_server.port, database_url=self.prefect_server.database_url
+                )
             except (PlatformError, UnavailableError):
                 logger.exception("prefect server restart failed; jobs keep running without it")
 
@@ -280,6 +318,8 @@ class Embedded:
                 child.stop()
         if self.prefect_server is not None:
             self.prefect_server.stop()
+        if not self.children:
+            return  # start() refused before starting anything: the run files may be another platform's
         for f in ("api_url", "urls.json", "supervisor.pid"):
             (self.home / "run" / f).unlink(missing_ok=True)
 

@@ -1,8 +1,11 @@
 """Start and stop a local Prefect server (``prefect server start``) as a subprocess.
 
 The server runs in its own process group with a SQLite database under ``home`` (its
-``PREFECT_HOME``), telemetry off and the UI served from the installed wheel (no network).
-Used by tests, by ``apiary up`` and by anyone who wants the Prefect UI next to Apiary.
+``PREFECT_HOME``) by default, or on PostgreSQL when given a ``database_url``
+(``postgresql+asyncpg://...``; :func:`prefect_database_url` derives one from Apiary's own
+PostgreSQL URL and :func:`ensure_database` creates it), telemetry off and the UI served from the
+installed wheel (no network). Used by tests, by ``apiary up`` and by anyone who wants the Prefect
+UI next to Apiary.
 
 Measured here (Prefect 3.8.8, 2 CPUs): start to first healthy ``GET /api/health`` takes
 about 7.4 s on a fresh home (the database migrations run on first start) and about 2.8 s on
@@ -27,7 +30,20 @@ from apiary.procutil import die_with_parent
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PrefectServer", "free_port", "prefect_env", "start_prefect_server"]
+__all__ = [
+    "PREFECT_DB_SUFFIX",
+    "PrefectServer",
+    "ensure_database",
+    "free_port",
+    "prefect_database_url",
+    "prefect_env",
+    "sqlite_url",
+    "start_prefect_server",
+]
+
+#: Prefect's database on Apiary's PostgreSQL server is Apiary's database name plus this.
+PREFECT_DB_SUFFIX = "_prefect"
+_PG_MAX_IDENTIFIER = 63  # PostgreSQL truncates longer names (NAMEDATALEN - 1)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -54,14 +70,92 @@ def prefect_env(home: Path, api_url: str | None = None) -> dict[str, str]:
     return env
 
 
+def prefect_database_url(apiary_database_url: str | None, suffix: str = PREFECT_DB_SUFFIX) -> str | None:
+    """The URL of Prefect's own database next to Apiary's, or None for the SQLite default.
+
+    ``apiary_database_url`` is Apiary's SQLAlchemy URL (``APIARY_DATABASE_URL``). For a
+    PostgreSQL one (any driver: ``postgresql://``, ``postgresql+psycopg://``...) the answer is the
+    same server and credentials, database ``<name><suffix>``, driver ``asyncpg`` (the one Prefect's
+    server runs on). ``sslmode`` becomes asyncpg's ``ssl``; ``host`` (a socket directory) is kept;
+    other query parameters are libpq/psycopg options asyncpg does not take and are dropped. None,
+    empty or SQLite gives None (Prefect keeps its zero-setup SQLite file). Pure: no I/O.
+
+    Raises ValueError for a URL without a database name, or one whose derived name exceeds
+    PostgreSQL's 63 bytes.
+    """
+    from sqlalchemy.engine import make_url
+
+    if not apiary_database_url:
+        return None
+    u = make_url(apiary_database_url)
+    if u.get_backend_name() != "postgresql":
+        return None
+    if not u.database:
+        raise ValueError(f"PostgreSQL URL without a database name: {u.render_as_string(hide_password=True)}")
+    name = f"{u.database}{suffix}"
+    if len(name.encode()) > _PG_MAX_IDENTIFIER:
+        raise ValueError(f"Prefect database name {name!r} is longer than {_PG_MAX_IDENTIFIER} bytes")
+    query: dict[str, str | tuple[str, ...]] = {}
+    if "host" in u.query:
+        query["host"] = u.query["host"]
+    if "ssl" in u.query:
+        query["ssl"] = u.query["ssl"]
+    elif "sslmode" in u.query:
+        query["ssl"] = u.query["sslmode"]
+    return u.set(drivername="postgresql+asyncpg", database=name, query=query).render_as_string(hide_password=False)
+
+
+def ensure_database(admin_url: str, name: str, timeout_s: float = 10.0) -> bool:
+    """Create database ``name`` on the PostgreSQL server of ``admin_url`` unless it exists.
+
+    ``admin_url`` is any database on that server the caller may connect to (Apiary's own, with
+    its synchronous driver); the role needs CREATEDB when the database is missing. Returns True
+    if it was created. Safe against a concurrent creator (``duplicate_database`` is success).
+    Raises :class:`~apiary.errors.PlatformError` when the server refuses.
+    """
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import DBAPIError, ProgrammingError
+    from sqlalchemy.pool import NullPool
+
+    libpq = make_url(admin_url).get_driver_name() in ("psycopg", "psycopg2")
+    engine = create_engine(
+        admin_url,
+        isolation_level="AUTOCOMMIT",
+        poolclass=NullPool,
+        connect_args={"connect_timeout": max(1, int(timeout_s))} if libpq else {},
+    )
+    try:
+        with engine.connect() as conn:
+            exists = conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).first()
+            if exists:
+                return False
+            quoted = conn.dialect.identifier_preparer.quote_identifier(name)
+            try:
+                conn.execute(text(f"CREATE DATABASE {quoted}"))
+            except ProgrammingError as e:  # created meanwhile by someone else: fine
+                if getattr(e.orig, "sqlstate", None) == "42P04":
+                    return False
+                raise
+            logger.info("created PostgreSQL database %s for Prefect", name)
+            return True
+    except DBAPIError as e:
+        raise PlatformError(f"cannot create PostgreSQL database {name!r} for Prefect: {e.orig!r}") from e
+    finally:
+        engine.dispose()
+
+
 class PrefectServer:
     """A running ``prefect server start`` subprocess.
 
     ``api_url`` is ``http://HOST:PORT/api``, ``ui_url`` is ``http://HOST:PORT``; ``home`` is
-    its ``PREFECT_HOME`` (database ``home/prefect.db``, output in ``home/server.log``).
+    its ``PREFECT_HOME`` (output in ``home/server.log``); ``database_url`` is what it runs on
+    (default the SQLite file ``home/prefect.db``).
     """
 
-    def __init__(self, proc: subprocess.Popen, host: str, port: int, home: Path, log_path: Path) -> None:
+    def __init__(
+        self, proc: subprocess.Popen, host: str, port: int, home: Path, log_path: Path, database_url: str | None = None
+    ) -> None:
         self._proc = proc
         self.host = host
         self.port = port
@@ -69,6 +163,7 @@ class PrefectServer:
         self.log_path = log_path
         self.ui_url = f"http://{host}:{port}"
         self.api_url = f"{self.ui_url}/api"
+        self.database_url = database_url or sqlite_url(home)
 
     @property
     def pid(self) -> int:
@@ -111,17 +206,29 @@ class PrefectServer:
         return f"PrefectServer(api_url={self.api_url!r}, pid={self.pid}, home={str(self.home)!r})"
 
 
+def sqlite_url(home: Path) -> str:
+    """The default database of a server rooted at ``home``: ``home/prefect.db``."""
+    return f"sqlite+aiosqlite:///{Path(home) / 'prefect.db'}"
+
+
 def start_prefect_server(
     home: Path,
     host: str = "127.0.0.1",
     port: int | None = None,
     timeout_s: float = 60,
+    database_url: str | None = None,
+    settings: dict[str, str] | None = None,
 ) -> PrefectServer:
     """Start ``prefect server start`` on ``host:port`` and wait until ``GET /api/health`` answers.
 
-    ``home`` is created if needed and becomes ``PREFECT_HOME``; the SQLite database is
-    ``home/prefect.db`` so a second start on the same home sees the same runs. ``port``
-    defaults to a free one. Takes about 7.4 s (fresh home) / 2.8 s (existing) here.
+    ``home`` is created if needed and becomes ``PREFECT_HOME``. The database is
+    ``database_url`` (``PREFECT_SERVER_DATABASE_CONNECTION_URL``, e.g.
+    ``postgresql+asyncpg://user:pw@host:port/db``; the database must exist, Prefect migrates it)
+    or by default the SQLite file ``home/prefect.db``, so a second start on the same home sees
+    the same runs. ``settings`` are more ``PREFECT_*`` variables for the server (e.g. service
+    batch sizes); the caller's own ``PREFECT_*`` variables are not passed on. ``port`` defaults
+    to a free one. Takes about 7.4 s (fresh home) / 2.8 s
+    (existing) here on SQLite.
 
     Raises :class:`~apiary.errors.PlatformError` if the process exits early and
     :class:`~apiary.errors.UnavailableError` if it is not healthy within ``timeout_s``
@@ -134,13 +241,14 @@ def start_prefect_server(
     env.update(prefect_env(home))
     env.update(
         {
-            "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+            "PREFECT_SERVER_DATABASE_CONNECTION_URL": database_url or sqlite_url(home),
             "PREFECT_SERVER_API_HOST": host,
             "PREFECT_SERVER_API_PORT": str(port),
             # The UI must call the API on the address it is served from.
             "PREFECT_UI_API_URL": f"http://{host}:{port}/api",
         }
     )
+    env.update(settings or {})
     log_path = home / "server.log"
     log_file = open(log_path, "ab")  # the child keeps its own copy; ours is closed below
     cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)]
@@ -158,7 +266,7 @@ def start_prefect_server(
         )
     finally:
         log_file.close()
-    server = PrefectServer(proc, host, port, home, log_path)
+    server = PrefectServer(proc, host, port, home, log_path, database_url)
     health = f"{server.api_url}/health"
     with httpx.Client(timeout=2.0) as client:
         while True:
@@ -178,13 +286,23 @@ def start_prefect_server(
                 )
             time.sleep(0.1)
     logger.info(
-        "prefect server started api_url=%s pid=%s home=%s seconds=%.2f",
+        "prefect server started api_url=%s pid=%s home=%s database=%s seconds=%.2f",
         server.api_url,
         server.pid,
         home,
+        "sqlite" if database_url is None else _redact(database_url),
         time.monotonic() - t0,
     )
     return server
+
+
+def _redact(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # a malformed URL still must not leak a password into the log
+        return "<url>"
 
 
 def _tail(path: Path, n: int = 2000) -> str:
