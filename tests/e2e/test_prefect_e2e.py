@@ -147,7 +147,7 @@ def test_cancel_stops_the_job_and_retry_re_runs_it(platform):
     from prefect.states import AwaitingRetry, Cancelling
 
     p, c = platform
-    job_id = c.submit(job_text(0, 600, name="cancel-me"), user="erin")["id"]
+    job_id = c.submit(job_text(2, 600, name="cancel-me"), user="erin")["id"]
     until(lambda: c.get(job_id)["state"] == "RUNNING", 120, "the job running")
     run = until(lambda: (r := flow_run_named(job_id)) and r.state_name == "Running" and r, 60, "its run Running")
     assert run.deployment_id is not None
