@@ -25,9 +25,9 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from apiary.errors import ConflictError, UnavailableError, UserError
+from apiary.errors import ConflictError, UnavailableError, UserError, error_from_response
 from apiary.tracking.source import API_PREFIX, FLOW_RUN_HEADER
-from apiary.tracking.submit import FINAL_STATES, _error, resolve_api_url, submit_job, wait_for_job
+from apiary.tracking.submit import FINAL_STATES, resolve_api_url, submit_job, wait_for_job
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ async def _get(client: httpx.AsyncClient, job_id: str) -> dict:
     except httpx.HTTPError as exc:
         raise UnavailableError(f"job id={job_id}: apiary unreachable: {exc!r}") from exc
     if resp.status_code >= 400:
-        raise _error(resp, f"job id={job_id}")
+        raise error_from_response(resp.status_code, resp.content, f"job id={job_id}")
     return resp.json()
 
 
@@ -120,7 +120,7 @@ async def _clone(client: httpx.AsyncClient, job_id: str, flow_run_id: str | None
     except httpx.HTTPError as exc:
         raise UnavailableError(f"clone job id={job_id}: apiary unreachable: {exc!r}") from exc
     if resp.status_code >= 400:
-        raise _error(resp, f"clone job id={job_id}")
+        raise error_from_response(resp.status_code, resp.content, f"clone job id={job_id}")
     return str(resp.json()["id"])
 
 

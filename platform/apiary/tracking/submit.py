@@ -1,4 +1,4 @@
-"""Submit a job to Apiary's REST API and wait for it to finish (the body of the ``apiary-job`` flow).
+"""Submit a job to Apiary's REST API and wait for it to finish (used by :mod:`apiary.tracking.portal`).
 
 Contract (Apiary REST, ``/api/v2``): ``POST /jobs`` with the job as JSON, header
 ``X-Apiary-User`` and optionally ``X-Apiary-Flow-Run-Id`` (the bridge then attaches the job's
@@ -24,30 +24,13 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "FINAL_STATES",
-    "JobFailedError",
-    "flow_run_name",
-    "job_id_of",
     "resolve_api_url",
     "run_scheduler_cycle",
-    "submit_and_wait",
     "submit_job",
     "wait_for_job",
 ]
 
 FINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
-
-
-class JobFailedError(ApiaryError):
-    """The job ended FAILED or STOPPED. ``job`` is its final job JSON."""
-
-    code = "JobFailedError"
-
-    def __init__(self, job: dict) -> None:
-        self.job = job
-        super().__init__(
-            f"job id={job.get('id')} ended state={job.get('state')} exitCode={job.get('exitCode')} "
-            f"retries={job.get('retries')}"
-        )
 
 
 def resolve_api_url(api_url: str | None) -> str:
@@ -84,23 +67,6 @@ def _error(resp: httpx.Response, what: str) -> ApiaryError:
     """The shared mapping (:func:`~apiary.errors.error_from_response`): 409 is a ConflictError
     (the job already exists), every 5xx a PlatformError (try again later)."""
     return error_from_response(resp.status_code, resp.content, what)
-
-
-def job_id_of(job: Any, user: str) -> str:
-    """The Apiary job id ``user~name`` of a JobSpec, wire dict or anything with ``name``."""
-    name = job.get("name") if isinstance(job, dict) else getattr(job, "name", None)
-    return f"{user}~{name}"
-
-
-def flow_run_name() -> str:
-    """Flow run name of the ``apiary-job`` flow: the job id, from the run's own parameters.
-
-    For ``@flow(flow_run_name=...)``; the parameters may be a JobSpec or, from the UI, a dict.
-    """
-    from prefect.runtime import flow_run
-
-    params = flow_run.parameters
-    return job_id_of(params.get("job") or {}, params.get("user") or "prefect")
 
 
 async def submit_job(
@@ -158,29 +124,6 @@ async def wait_for_job(
         if timeout_s is not None and time.monotonic() - t0 > timeout_s:
             raise UnavailableError(f"job id={job_id} not final after timeout_s={timeout_s} state={last_state}")
         await asyncio.sleep(poll_s)
-
-
-async def submit_and_wait(
-    job: Any,
-    user: str = "prefect",
-    api_url: str | None = None,
-    flow_run_id: str | None = None,
-    poll_s: float = 1.0,
-    timeout_s: float | None = None,
-) -> dict:
-    """Submit ``job`` (JobSpec, wire dict or YAML) as ``user`` and wait for it to end.
-
-    Returns the final job JSON when the job SUCCEEDED; raises :class:`JobFailedError` when it
-    ended FAILED or STOPPED, and the errors of :func:`submit_job` / :func:`wait_for_job`.
-    ``api_url`` defaults to ``APIARY_API_URL`` (see :func:`resolve_api_url`).
-    """
-    base = resolve_api_url(api_url)
-    async with httpx.AsyncClient(base_url=base, timeout=30.0) as client:
-        job_id = await submit_job(client, job, user, flow_run_id)
-        final = await wait_for_job(client, job_id, poll_s=poll_s, timeout_s=timeout_s)
-    if final.get("state") != "SUCCEEDED":
-        raise JobFailedError(final)
-    return final
 
 
 async def run_scheduler_cycle(client: httpx.AsyncClient) -> dict:
