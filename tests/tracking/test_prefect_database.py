@@ -79,3 +79,32 @@ def test_server_records_its_database(tmp_path: Path) -> None:
     assert PrefectServer(Proc(), "127.0.0.1", 1, tmp_path, tmp_path / "log").database_url == sqlite_url(tmp_path)
     pg = "postgresql+asyncpg://u:p@h/apiary_prefect"
     assert PrefectServer(Proc(), "127.0.0.1", 1, tmp_path, tmp_path / "log", pg).database_url == pg
+
+
+@pytest.mark.prefect
+def test_a_taken_port_is_not_mistaken_for_a_started_server(tmp_path: Path) -> None:
+    """Something else answering GET /api/health on the port must not pass for our server."""
+    import http.server
+    import threading
+
+    from apiary.errors import PlatformError
+    from apiary.tracking.prefect_server import free_port, start_prefect_server
+
+    class Healthy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"true")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    port = free_port()
+    other = http.server.HTTPServer(("127.0.0.1", port), Healthy)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(PlatformError, match="already in use"):
+            start_prefect_server(tmp_path / "prefect", port=port, timeout_s=60)
+    finally:
+        other.shutdown()
+        other.server_close()

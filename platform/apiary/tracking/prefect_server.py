@@ -46,6 +46,18 @@ PREFECT_DB_SUFFIX = "_prefect"
 _PG_MAX_IDENTIFIER = 63  # PostgreSQL truncates longer names (NAMEDATALEN - 1)
 
 
+#: Server settings for Apiary's load, applied unless ``settings`` says otherwise. Prefect's task
+#: run recorder writes one transaction per task run event by default (batch size 1) and its event
+#: persister 20 events at a time; Apiary's bridge sends a batch's task runs as one request of
+#: events, so both take up to 200 per transaction, flushed at least every second (default 5 s).
+SERVER_TUNING = {
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "200",
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
+    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE": "200",
+    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "1",
+}
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port on ``host`` that was free a moment ago (the OS picks it; racy by nature)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -246,6 +258,7 @@ def start_prefect_server(
             "PREFECT_SERVER_API_PORT": str(port),
             # The UI must call the API on the address it is served from.
             "PREFECT_UI_API_URL": f"http://{host}:{port}/api",
+            **SERVER_TUNING,
         }
     )
     env.update(settings or {})
@@ -275,7 +288,9 @@ def start_prefect_server(
                     f"prefect server exited with code={proc.returncode} port={port}: {_tail(log_path)}"
                 )
             try:
-                if client.get(health).status_code == 200:
+                # Healthy, and it is our server that answered: a port taken between free_port()
+                # and the bind would otherwise pass for a started server (ours then exits).
+                if client.get(health).status_code == 200 and _listens(proc.pid, port):
                     break
             except httpx.HTTPError:
                 pass
@@ -294,6 +309,19 @@ def start_prefect_server(
         time.monotonic() - t0,
     )
     return server
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` listens on TCP ``port`` (True when that cannot be checked)."""
+    import psutil
+
+    try:
+        conns = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
 
 
 def _redact(url: str) -> str:
