@@ -233,10 +233,13 @@ class Embedded:
         else:
             api = self.prefect_api_url
         penv = {**base, **prefect_env(self.home / "prefect", api), "APIARY_API_URL": self.api_url}
+        # A SQLite-backed server answers 503 to more than ~2 concurrent writers; PostgreSQL takes
+        # 8, and the bridge then keeps up with bursts it would trail at 2 (bench/README.md).
+        on_pg = bool(self.prefect_server and (self.prefect_server.database_url or "").startswith("postgresql"))
         self.children["prefect-bridge"] = Child(
             "prefect-bridge",
             self._cli("prefect-bridge", "--api", self.api_url, "--prefect-api", api,
-                      "--state", str(self.home / "prefect-bridge.json")),
+                      "--state", str(self.home / "prefect-bridge.json"), "--concurrency", "8" if on_pg else "2"),
             penv, logs / "prefect-bridge.log",
         )
         self.children["prefect-serve"] = Child(

@@ -381,3 +381,11 @@ def test_clone_submits_the_same_spec_under_the_next_free_retry_name(client: Test
     again = client.post(f"/api/v2/jobs/{first['id']}/clone").json()
     assert again["id"] == "alice~job-config-5-retry2"  # flat, not job-config-5-retry1-retry1
     assert client.post("/api/v2/jobs/alice~nope/clone").status_code == 404
+
+
+def test_flow_run_link_is_recorded_and_an_unknown_job_is_404(client: TestClient) -> None:
+    job = submit(client, job_text(5)).json()
+    assert client.put(f"/api/v2/jobs/{job['id']}/flowRun", json={"id": "run-42"}).status_code == 204
+    assert client.get(f"/api/v2/jobs/{job['id']}").json()["flowRunId"] == "run-42"
+    r = client.put("/api/v2/jobs/alice~nope/flowRun", json={"id": "run-43"})
+    assert r.status_code == 404 and "alice~nope" in r.text

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.support.polling import until
 
 from apiary.tracking.bridge import PrefectBridge
 from apiary.tracking.prefect_server import start_prefect_server
@@ -96,13 +97,30 @@ async def read_back(api_url: str, job_id: str) -> dict:
         return out
 
 
+# Task runs are the job's periods: each attempt's wait for placement and each taskRole's run.
+# (Points - submitted, placed, retried, completed - are flow run states and log lines.)
 EXPECTED_TASK_RUNS = {
-    "submit": "COMPLETED", "queue": "COMPLETED", "placement": "COMPLETED",
-    "run-train": "FAILED", "run-ps": "FAILED",
-    "retry@1": "COMPLETED", "queue@1": "COMPLETED", "placement@1": "COMPLETED",
-    "run-train@1": "COMPLETED", "run-ps@1": "COMPLETED",
-    "complete": "COMPLETED",
+    "queue": "COMPLETED", "run-train": "FAILED", "run-ps": "FAILED",
+    "queue@1": "COMPLETED", "run-train@1": "COMPLETED", "run-ps@1": "COMPLETED",
 }
+
+
+def settled(api_url: str, job_id: str, task_runs: int = len(EXPECTED_TASK_RUNS)) -> dict:
+    """read_back once the job's ``task_runs`` task runs are recorded in their final states: the
+    bridge sends task runs as events, which the server's task run recorder writes soon after."""
+    last: dict = {}
+
+    def ready() -> dict | None:
+        nonlocal last
+        last = asyncio.run(read_back(api_url, job_id))
+        runs = last.get("task_runs") or []
+        return last if len(runs) >= task_runs and all(t.state and t.state.is_final() for t in runs) else None
+
+    try:
+        return until(ready, 60, f"{task_runs} final task runs of {job_id}", poll_s=0.2)
+    except AssertionError:
+        seen = [(t.name, t.state_type) for t in last.get("task_runs", [])]
+        raise AssertionError(f"task runs of {job_id} never all final: {seen}") from None
 
 
 def test_job_becomes_one_flow_run_with_task_runs_logs_and_artifact(server, tmp_path):
@@ -114,12 +132,14 @@ def test_job_becomes_one_flow_run_with_task_runs_logs_and_artifact(server, tmp_p
     assert n == len(asyncio.run(src.events(0, 1000)))
     assert bridge.cursor == n
 
-    got = asyncio.run(read_back(server.api_url, job_id))
+    got = settled(server.api_url, job_id)
     assert len(got["flow_runs"]) == 1
     fr = got["flow_runs"][0]
     assert fr.state.type.value == "COMPLETED"
     assert src.flow_runs[job_id] == str(fr.id)
     assert "user:alice" in fr.tags
+    # The bridge first saw this job after it had ended: its run was created Completed, one request.
+    assert [n for n, _ in asyncio.run(_history(server.api_url, fr.id))] == ["Completed"]
 
     states = {t.name: t.state.type.value for t in got["task_runs"]}
     assert states == EXPECTED_TASK_RUNS
@@ -135,11 +155,12 @@ def test_job_becomes_one_flow_run_with_task_runs_logs_and_artifact(server, tmp_p
     run_train_1 = next(t for t in got["task_runs"] if t.name == "run-train@1")
     assert out_logs[0].task_run_id == run_train_1.id
 
-    tables = [a for a in got["artifacts"] if a.type == "table"]
-    assert {a.key for a in tables} == {"placement-alice-mnist-1"}
-    rows = json.loads(tables[-1].data) if isinstance(tables[-1].data, str) else tables[-1].data
-    assert {"taskRole", "index", "node", "gpus", "attempt"} <= set(rows[0])
-    assert any(a.type == "markdown" for a in got["artifacts"])
+    queue = next(t for t in got["task_runs"] if t.name == "queue")
+    assert "train/1->node-2[0, 1]" in queue.state.message  # the placement ends the wait
+    assert queue.start_time is not None and queue.end_time is not None and queue.end_time > queue.start_time
+    summaries = [a for a in got["artifacts"] if a.type == "markdown"]
+    assert [a.key for a in summaries] == ["job-alice-mnist-1"]
+    assert "| 0 | train | 0 | node-1 | [0, 1] | 1 |" in summaries[0].data  # where each instance ran, its exit
 
     # Nothing new: a second pass does nothing.
     assert asyncio.run(bridge.sync_once()) == 0
@@ -151,7 +172,7 @@ def test_restart_does_not_duplicate(server, tmp_path):
     feed_job(src, job_id)
     state = tmp_path / "bridge.json"
     asyncio.run(PrefectBridge(src, server.api_url, state).sync_once())
-    before = asyncio.run(read_back(server.api_url, job_id))
+    before = settled(server.api_url, job_id)
 
     # A new bridge on the same state file: nothing left to do.
     assert asyncio.run(PrefectBridge(src, server.api_url, state).sync_once()) == 0
@@ -160,7 +181,7 @@ def test_restart_does_not_duplicate(server, tmp_path):
     replay = PrefectBridge(src, server.api_url, state)
     assert asyncio.run(replay.sync_once()) > 0
 
-    after = asyncio.run(read_back(server.api_url, job_id))
+    after = settled(server.api_url, job_id)
     assert len(after["flow_runs"]) == 1
     assert after["flow_runs"][0].id == before["flow_runs"][0].id
     assert sorted(t.id for t in after["task_runs"]) == sorted(t.id for t in before["task_runs"])
@@ -185,7 +206,7 @@ def test_attaches_to_existing_flow_run_and_leaves_its_state(server, tmp_path):
     src = MemoryEventSource()
     feed_job(src, "carol~deployed", flow_run_id=fid)
     asyncio.run(PrefectBridge(src, server.api_url, tmp_path / "b.json").sync_once())
-    got = asyncio.run(read_back(server.api_url, "carol~deployed"))
+    got = settled(server.api_url, "carol~deployed")
     assert [str(r.id) for r in got["flow_runs"]] == [fid]
     assert got["flow_runs"][0].state.type.value == "RUNNING"  # the flow engine owns it
     assert {t.name for t in got["task_runs"]} == set(EXPECTED_TASK_RUNS)
@@ -215,7 +236,7 @@ def test_server_down_then_catch_up(tmp_path):
         assert asyncio.run(bridge.sync_once()) > 0
         assert bridge.cursor == len(asyncio.run(src.events(0, 1000)))
         for job_id in ("dave~first", "dave~second"):
-            got = asyncio.run(read_back(srv.api_url, job_id))
+            got = settled(srv.api_url, job_id)
             assert len(got["flow_runs"]) == 1
             assert got["flow_runs"][0].state.type.value == "COMPLETED"
             assert {t.name for t in got["task_runs"]} == set(EXPECTED_TASK_RUNS)

@@ -187,13 +187,16 @@ def agent(
 
 @app.command("prefect-bridge", hidden=True)
 def prefect_bridge(
-    api: str = typer.Option(...), prefect_api: str = typer.Option(...), state: Path = typer.Option(...)
+    api: str = typer.Option(...),
+    prefect_api: str = typer.Option(...),
+    state: Path = typer.Option(...),
+    concurrency: int = typer.Option(2, min=1, max=64, help="Jobs written to Prefect at once."),
 ) -> None:
     """Mirror Apiary's jobs into Prefect flow runs (started by apiary up)."""
     from apiary.tracking.bridge import run_bridge
 
     _logging()
-    asyncio.run(run_bridge(api, prefect_api, state))
+    asyncio.run(run_bridge(api, prefect_api, state, concurrency=concurrency))
 
 
 # ---------------------------------------------------------------------- jobs

@@ -438,6 +438,7 @@ class ControlPlane:
         return {"kept": kept, "stopped": stopped}
 
     def set_flow_run(self, job_id: str, flow_run_id: str) -> None:
+        """Record the Prefect flow run of a job (the bridge, once per job). Raises NotFoundError."""
         with self._lock, self._sessions() as s, store_errors("set flow run"):
             job = self._get_job(s, job_id)
             job.flow_run_id = flow_run_id

@@ -12,37 +12,49 @@ What a job becomes (flow ``apiary-job``, flow run named after the job id ``user~
 ==================  ===========================================================================
 event               Prefect
 ==================  ===========================================================================
-job.submitted       flow run (Pending) unless the job came with ``flowRunId`` (a flow engine runs
-                    that one: the bridge attaches to it and never sets its state); task runs
-                    ``submit`` (Completed) and ``queue`` (Running, named "Waiting")
-job.waiting         ``queue`` for that attempt opened if needed; reason logged
-job.placed          ``queue`` Completed; task run ``placement`` (Completed) and a table artifact
-                    (key ``placement-<user>-<name>``: attempt, taskRole, index, node, gpus)
+job.submitted       flow run (RUNNING "Submitted", then the state of :mod:`~apiary.tracking.states`)
+                    unless the job came with ``flowRunId`` (a flow engine runs that one: the
+                    bridge attaches to it, adds the job's tags and never ends it); task run
+                    ``queue`` (Running, named "Waiting")
+job.waiting         flow run Waiting (the reason); ``queue`` for that attempt opened if needed
+job.placed          ``queue`` Completed with the placement (taskRole/index -> node, GPUs)
 task.started        flow run Running (first time); task run ``run-<taskRole>`` Running
 task.exited         instance output shipped as logs (``[train/0] ...``); ``run-<taskRole>`` ends
                     Completed (all exit 0) or Failed once every placed instance of the role exited
-job.preempted       open runs of the attempt Cancelled (message: by, reason)
-job.retry           open runs of older attempts Failed; task run ``retry@N`` (Completed, message
-                    kind/reason/exitCode); ``queue@N`` opened for the new attempt
+job.preempted       open task runs of the attempt Cancelled; flow run AwaitingRetry (the cause)
+job.retry           open task runs of older attempts Failed; flow run AwaitingRetry; ``queue@N``
+                    opened for the new attempt
 job.stop_requested  logged
-job.completed       open runs closed; task run ``complete`` and the flow run (if the bridge owns
-                    it) Completed / Failed / Cancelled for SUCCEEDED / FAILED / STOPPED; a
-                    markdown summary artifact
+job.completed       open task runs closed; the flow run (if the bridge owns it) Completed /
+                    Failed / Cancelled for SUCCEEDED / FAILED / STOPPED; a markdown summary
+                    artifact (key ``job-<user>-<name>``: every instance's node, GPUs, exit code)
 ==================  ===========================================================================
 
-Task runs of attempt N > 0 carry the suffix ``@N`` (``run-train@1``) and the tag ``attempt:N``.
+Every event is also a log line of the run (logger ``apiary.events``). Task runs of attempt
+N > 0 carry the suffix ``@N`` (``run-train@1``) and the tag ``attempt:N``.
+
+How it writes: a batch of events (up to ``batch_size``) is first recorded in the jobs' records,
+then written flow-run states first: each touched job's run is created or set to the state it
+has now, once per batch however many events it had (``concurrency`` jobs at a time); then the
+batch's task run changes go in ONE ``POST /events`` as ``prefect.task-run.*`` events (the way
+Prefect's own task engine reports task runs: the server's task run recorder writes them), its
+log rows in one ``POST /logs/`` per 500, and one summary artifact per finished job. A plain job
+costs two flow-run requests (create, final state; three when it is seen while running) and a
+share of three bulk requests, where one request per step cost ~14.
 
 Idempotence: ``state_path`` (JSON, replaced atomically) holds the cursor (every event with
-``seq <= cursor`` is done), per job the last seq done, its flow run id, open task run ids and
-log offsets. Task run ids are ``uuid5(job id, seq, step)``; flow runs are created with the
-idempotency key ``apiary:<job id>:<submitted seq>`` (the API does not take a flow run id), so a
-restarted bridge, or one that replays events after a crash, neither duplicates nor loses
-runs. Logs are at-least-once: output shipped just before a crash may be shipped again.
+``seq <= cursor`` is done) and per job its record: the last seq done, its flow run id, open task
+runs and log offsets. A batch is all or nothing: when a write fails transiently its records are
+restored and it is done again. Task run ids are ``uuid5(job id, seq, step)`` and each task run
+state's id is derived from its task run and state, so the recorder stores it once; flow runs are
+created with the idempotency key ``apiary:<job id>:<submitted seq>`` (the API does not take a
+flow run id). A restarted bridge, or one that repeats a batch, neither duplicates nor loses runs;
+log lines are at-least-once.
 
-Cost, measured here (SQLite Prefect server, 2 CPUs): ~10-16 ms per request at p50, ~25
-requests for a plain job; 0.19-0.3 s per job of 5 events, 0.5-0.7 s per job of 16 events
-with a retry. The server stalls ~2.3 s now and then on its SQLite lock and answers 503;
-concurrency above 2 does not help on SQLite (it does on PostgreSQL).
+Cost, measured (bench/prefect_cost.py, PostgreSQL-backed server, 2 CPUs): a flow run request
+costs the server ~20 ms of CPU; on a SQLite-backed server it stalls ~2.3 s now and then on its
+lock and answers 503 (the bridge retries after 0.1-0.8 s); concurrency above 2 does not help on
+SQLite (it does on PostgreSQL). See bench/README.md, "prefect numbers".
 """
 
 from __future__ import annotations
@@ -77,7 +89,7 @@ FLOW_NAME = "apiary-job"
 #: The deployment every bridge-made flow run belongs to: a run with a deployment gets the UI's
 #: Cancel and Retry buttons, and ``flows/serve.py`` serves it (Retry re-runs the job as a clone).
 JOB_DEPLOYMENT = "job"
-STATE_VERSION = 1
+STATE_VERSION = 2
 _NAMESPACE = uuid.UUID("6f1c1f3e-5b7a-4c0e-9a51-0a61a2b1e001")
 # One log row is capped so a runaway line cannot exceed the API's request limits.
 _MAX_LINE_CHARS = 8_000
@@ -90,21 +102,6 @@ _BUSY_STATUS = {429, 503}
 def task_run_id(job_id: str, seq: int, step: str) -> uuid.UUID:
     """Deterministic task run id for the task run ``step`` created by event ``seq`` of ``job_id``."""
     return uuid.uuid5(_NAMESPACE, f"{job_id}#{seq}#{step}")
-
-
-@dataclass
-class _TaskShape:
-    """The attributes ``PrefectClient.create_task_run`` reads from a ``prefect.Task``.
-
-    The bridge has no Python function to wrap, so it passes this instead of a Task.
-    """
-
-    task_key: str
-    tags: list[str] = field(default_factory=list)
-    version: str | None = None
-    retries: int = 0
-    retry_delay_seconds: int = 0
-    retry_jitter_factor: float | None = None
 
 
 class _Transient(Exception):
@@ -172,7 +169,6 @@ class PrefectBridge:
         self._flow_id: uuid.UUID | None = None
         self._down_since: float | None = None
         self._log_polled: dict[str, float] = {}
-        self._pending_logs: dict[str, list[dict]] = {}
         self._deployment_id: uuid.UUID | None = None
         self._cancel_checked = 0.0  # monotonic time of the last look for Cancel clicks
         self._cancel_after: datetime | None = None  # Cancelled runs that ended after this were seen
@@ -190,6 +186,15 @@ class PrefectBridge:
             data = json.loads(self.state_path.read_text())
         except FileNotFoundError:
             return {"version": STATE_VERSION, "cursor": 0, "jobs": {}}
+        if data.get("version") == 1:  # open task runs were bare ids; a job's "submitted" was implied
+            for job in data.get("jobs", {}).values():
+                job["open"] = {
+                    k: {"id": v, "name": k, "dynamicKey": k, "attempt": int(k.rsplit(":", 1)[1])}
+                    for k, v in (job.get("open") or {}).items()
+                }
+                if job.get("flowRunId"):
+                    job.setdefault("submitted", {})
+            data["version"] = STATE_VERSION
         if data.get("version") != STATE_VERSION:
             raise ApiaryError(f"bridge state {self.state_path} has version={data.get('version')}")
         return data
@@ -245,9 +250,11 @@ class PrefectBridge:
                 self._deployment_id = dep.id
             except ObjectNotFound:
                 self._deployment_id = await client.create_deployment(
-                    flow_id=await self._flow(client), name=JOB_DEPLOYMENT, tags=["apiary"],
+                    flow_id=await self._flow(client),
+                    name=JOB_DEPLOYMENT,
+                    tags=["apiary"],
                     description="Apiary jobs submitted by the CLI or REST API (runs are made by Apiary's "
-                                "bridge). Retry on a finished run re-runs its job as a new job.",
+                    "bridge). Retry on a finished run re-runs its job as a new job.",
                 )
         return self._deployment_id
 
@@ -257,7 +264,7 @@ class PrefectBridge:
         """Mirror every pending event; return how many were processed (done or skipped).
 
         Stops early, without raising, when Prefect or Apiary is unreachable; the cursor then
-        stays at the last event done and the next call resumes from there.
+        stays at the last batch done and the next call resumes from there.
         """
         done = 0
         # run_forever enters these settings once: rebuilding them on every poll was 84% of the
@@ -269,18 +276,11 @@ class PrefectBridge:
                     events = await self.source.events(self.cursor, limit=self.batch_size)
                     if not events:
                         break
-                    n, complete = await self._process_batch(client, events)
-                    done += n
+                    done += await self._process_batch(client, events)
                     self._save()
-                    if not complete:
-                        raise _Transient("batch stopped at a transient error")
-                for job in list(self.state["jobs"].values()):
-                    if job.get("want"):
-                        await self._flush_state(client, job)
-                for flow_run_id in list(self._pending_logs):
-                    await self._flush_logs(client, flow_run_id)
+                await self._flush_leftovers(client)
+                await self._flush_artifacts(client)
                 await self._watch_cancels(client)
-                await self._poll_running_logs(client)
                 self._prune()
                 self._save()
                 self._mark_up()
@@ -333,66 +333,139 @@ class PrefectBridge:
             logger.info("reachable again after down_s=%.1f cursor=%s", time.time() - self._down_since, self.cursor)
             self._down_since = None
 
-    async def _process_batch(self, client: Any, events: list[dict]) -> tuple[int, bool]:
-        """Process one batch, jobs in parallel, each job's events in order.
+    async def _process_batch(self, client: Any, events: list[dict]) -> int:
+        """Record one batch in the jobs' records, then write it to Prefect (:meth:`_flush`).
 
-        Returns (events processed, whether all were); advances the cursor to just before the
-        first event that failed transiently.
+        All or nothing: when a write fails transiently the touched records are restored, the
+        cursor stays, and the whole batch is done again on the next call (every write is safe to
+        repeat: flow runs by idempotency key, task run states by event id; log lines may repeat).
+        Returns the number of events processed.
         """
-        by_job: dict[str, list[dict]] = {}
+        out = _Out()
+        before: dict[str, str | None] = {}
         for ev in events:
-            by_job.setdefault(ev["jobId"], []).append(ev)
+            job_id = ev["jobId"]
+            if job_id not in before:
+                old = self.state["jobs"].get(job_id)
+                before[job_id] = None if old is None else json.dumps(old)
+            try:
+                await self._apply(ev, out)
+            except Exception as exc:
+                if _is_transient(exc):
+                    self._restore(before)
+                    raise
+                logger.error("event skipped seq=%s job=%s type=%s error=%r", ev["seq"], job_id, ev["type"], exc)
+                self._job(job_id)["lastSeq"] = ev["seq"]
+        try:
+            await self._ship_output(out)
+            await self._flush(client, out)
+        except Exception as exc:
+            if _is_transient(exc):
+                self._restore(before)
+            raise
+        self.state["cursor"] = events[-1]["seq"]
+        return len(events)
+
+    def _restore(self, before: dict[str, str | None]) -> None:
+        for job_id, old in before.items():
+            if old is None:
+                self.state["jobs"].pop(job_id, None)
+            else:
+                self.state["jobs"][job_id] = json.loads(old)
+
+    async def _flush_leftovers(self, client: Any) -> None:
+        """States a failed write left wanted, and the new output of running instances."""
+        out = _Out()
+        for job_id, job in self.state["jobs"].items():
+            if job.get("want"):
+                out.touched[job_id] = job
+        self._collect_running_output(out)
+        if not out.touched and not out.ships:
+            return
+        before: dict[str, str | None] = {
+            j: json.dumps(self.state["jobs"][j]) for j in {*out.touched, *(s[0] for s in out.ships)}
+        }
+        try:
+            await self._ship_output(out)
+            await self._flush(client, out)
+        except Exception as exc:
+            if _is_transient(exc):
+                self._restore(before)
+            raise
+
+    async def _flush(self, client: Any, out: _Out) -> None:
+        """Write what a batch recorded, flow run states first.
+
+        1. Each touched job's flow run: created (in the state the job has now, one request) or
+           set to the wanted state; ``concurrency`` jobs at a time. This is what the UI lists.
+        2. Then, in bulk: every task run change of the batch as ``prefect.task-run.*`` events in
+           ONE ``POST /events`` (how Prefect's own task engine reports task runs; the server's
+           task run recorder writes them) and every log row in one ``POST /logs/`` per 500 rows.
+        3. Summary artifacts of finished jobs are queued in the state file for
+           :meth:`_flush_artifacts`.
+        """
         sem = asyncio.Semaphore(self.concurrency)
-        failed: list[int] = []
-        counts: list[int] = []
 
-        async def run_job(job_events: list[dict]) -> None:
+        async def one(job_id: str, job: dict) -> None:
             async with sem:
-                n = 0
-                for ev in job_events:
-                    try:
-                        if not await self._apply_retrying(client, ev):
-                            continue  # already mirrored (replay after a partial batch)
-                    except Exception as exc:
-                        if _is_transient(exc):
-                            failed.append(ev["seq"])
-                            logger.debug("event deferred seq=%s job=%s error=%r", ev["seq"], ev["jobId"], exc)
-                            break
-                        logger.error(
-                            "event skipped seq=%s job=%s type=%s error=%r", ev["seq"], ev["jobId"], ev["type"], exc
-                        )
-                        self._job(ev["jobId"])["lastSeq"] = ev["seq"]
-                    n += 1
-                counts.append(n)
-                job = self.state["jobs"].get(job_events[0]["jobId"], {})
+                await self._busy_retry(lambda: self._flush_run(client, job_id, job))
+
+        await asyncio.gather(*(one(j, job) for j, job in out.touched.items()))
+        # A task run opened and closed in the same batch is sent once, in its last state (its
+        # start time still says when it opened).
+        last = {tr["id"]: (job, tr, ch) for job, tr, ch in out.task_changes if job.get("flowRunId")}
+        events = [self._task_event(job, tr, ch) for job, tr, ch in last.values()]
+        if events:
+            await self._busy_retry(lambda: client.request("POST", "/events", json=events))
+        rows = [{**row, "flow_run_id": job["flowRunId"]} for job, row in out.logs if job.get("flowRunId")]
+        for batch in _batches(rows):
+            await self._busy_retry(lambda b=batch: client.create_logs(b))
+
+        # Summaries wait until a pass has caught up with the events (sync_once): under load the
+        # runs' states go first. They are kept in the state file until sent.
+        for job, a in out.artifacts:
+            if job.get("flowRunId"):
+                self.state.setdefault("artifacts", []).append({**a, "flow_run_id": job["flowRunId"]})
+
+    async def _flush_artifacts(self, client: Any, most: int = 50) -> None:
+        """Send up to ``most`` queued summary artifacts (``concurrency`` at a time), then forget
+        them: a pass that caught up with the events sends a few, so they never hold back the next
+        batch's states for long. Same request as client.create_artifact(), without its
+        client-side "artifact created" event: that would open a second (websocket) connection."""
+        chunk = (self.state.get("artifacts") or [])[:most]
+        if not chunk:
+            return
+        sem = asyncio.Semaphore(self.concurrency)
+
+        async def one(a: dict) -> None:
+            async with sem:
                 try:
-                    if job.get("want"):
-                        await self._flush_state(client, job)
-                    await self._flush_logs(client, job.get("flowRunId"))
-                except Exception:  # transient only; the events are done, the state and lines stay queued
-                    failed.append(job_events[-1]["seq"] + 1)
+                    await self._busy_retry(lambda: client.request("POST", "/artifacts/", json=a))
+                except Exception as exc:
+                    if _is_transient(exc):
+                        raise
+                    logger.error("summary artifact dropped key=%s error=%r", a.get("key"), exc)
 
-        await asyncio.gather(*(run_job(evs) for evs in by_job.values()))
-        self.state["cursor"] = (min(failed) - 1) if failed else events[-1]["seq"]
-        return sum(counts), not failed
+        await asyncio.gather(*(one(a) for a in chunk))
+        del self.state["artifacts"][: len(chunk)]
 
-    async def _apply_retrying(self, client: Any, ev: dict) -> bool:
-        """:meth:`_apply`, retried in place while the server answers "busy".
+    async def _busy_retry(self, call: Any) -> Any:
+        """``await call()``, retried in place while the server answers "busy".
 
         A SQLite-backed Prefect server answers 503 when its database is locked (seen here
         even with one writer, next to the server's own services). The client's own retry
-        sleeps 2**n s, so the bridge retries after 0.1-0.8 s instead; handlers are safe to
-        replay (deterministic ids, offsets and open/closed marks updated after success).
+        sleeps 2**n s, so the bridge retries after 0.1-0.8 s instead; every write is safe to
+        repeat.
         """
         for delay in self._BUSY_DELAYS_S:
             try:
-                return await self._apply(client, ev)
+                return await call()
             except httpx.HTTPStatusError as exc:
                 if exc.response.status_code not in _BUSY_STATUS:
                     raise
-                logger.debug("server busy; retrying seq=%s delay_s=%s", ev["seq"], delay)
+                logger.debug("server busy; retrying delay_s=%s", delay)
             await asyncio.sleep(delay)
-        return await self._apply(client, ev)
+        return await call()
 
     _BUSY_DELAYS_S = (0.1, 0.2, 0.4, 0.8)
 
@@ -401,128 +474,104 @@ class PrefectBridge:
     def _job(self, job_id: str) -> dict[str, Any]:
         return self.state["jobs"].setdefault(
             job_id,
-            {"flowRunId": None, "owned": True, "lastSeq": 0, "done": False, "running": False,
-             "open": {}, "inst": {}, "logOff": {}, "user": None},
+            {
+                "flowRunId": None,
+                "owned": True,
+                "lastSeq": 0,
+                "done": False,
+                "running": False,
+                "open": {},
+                "inst": {},
+                "logOff": {},
+                "user": None,
+            },
         )
 
     def _prune(self) -> None:
         """Finished jobs whose events are all behind the cursor shrink to a tombstone."""
         for job_id, job in self.state["jobs"].items():
-            if job.get("done") and job["lastSeq"] <= self.cursor and "inst" in job:
-                self.state["jobs"][job_id] = {"flowRunId": job["flowRunId"], "lastSeq": job["lastSeq"], "done": True,
-                                              "owned": job.get("owned", True), "final": job.get("final"),
-                                              **({"want": job["want"]} if job.get("want") else {})}
+            if job.get("done") and job["lastSeq"] <= self.cursor and "inst" in job and not job.get("want"):
+                self.state["jobs"][job_id] = {
+                    "flowRunId": job["flowRunId"],
+                    "lastSeq": job["lastSeq"],
+                    "done": True,
+                    "owned": job.get("owned", True),
+                    "final": job.get("final"),
+                }
 
     # ------------------------------------------------------------------ event handlers
 
-    async def _apply(self, client: Any, ev: dict) -> bool:
-        """Mirror one event; False if it was already mirrored (replayed)."""
+    async def _apply(self, ev: dict, out: _Out) -> None:
+        """Record one event in its job's record and ``out``; nothing is written to Prefect here.
+        An event already recorded (``seq <= lastSeq``: a replay) changes nothing."""
         job_id, seq, kind = ev["jobId"], int(ev["seq"]), ev["type"]
         job = self._job(job_id)
         if seq <= job["lastSeq"]:
-            return False  # replayed after a crash or a partial batch: already mirrored
+            return
         if job.get("done"):
             job["lastSeq"] = seq
-            return True
-        if kind != "job.submitted" and not job["flowRunId"]:
-            await self._bootstrap(client, job_id, job, ev)
+            return
+        out.touched[job_id] = job
+        if kind != "job.submitted" and not job.get("submitted"):
+            await self._bootstrap(job_id, job, ev, out)
         handler = getattr(self, "_on_" + kind.replace(".", "_"), None)
         if handler is None:
             logger.info("event type not mirrored seq=%s job=%s type=%s", seq, job_id, kind)
-            await self._log(client, job, ev, f"{kind} {ev.get('data') or {}}")
+            self._log(out, job, ev, f"{kind} {ev.get('data') or {}}")
         else:
-            await handler(client, job_id, job, ev, ev.get("data") or {})
+            handler(out, job_id, job, ev, ev.get("data") or {})
         job["lastSeq"] = seq
-        return True
 
-    async def _bootstrap(self, client: Any, job_id: str, job: dict, ev: dict) -> None:
+    async def _bootstrap(self, job_id: str, job: dict, ev: dict, out: _Out) -> None:
         """The bridge missed ``job.submitted`` (its state was lost): rebuild it from the job."""
         try:
             info = await self.source.job(job_id)
         except NotFoundError:
             info = {"user": job_id.split("~")[0], "name": job_id.split("~")[-1]}
         data = {k: info.get(k) for k in ("user", "name", "virtualCluster", "priorityClass", "flowRunId")}
-        await self._on_job_submitted(client, job_id, job, {**ev, "seq": 0, "type": "job.submitted"}, data)
+        self._on_job_submitted(out, job_id, job, {**ev, "seq": 0, "type": "job.submitted"}, data)
 
-    async def _on_job_submitted(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
-        from prefect.client.schemas.actions import FlowRunCreate
-        from prefect.exceptions import ObjectNotFound
-        from prefect.states import to_state_create
-
-        seq, t = ev["seq"], ev.get("time")
+    def _on_job_submitted(self, out: _Out, job_id: str, job: dict, ev: dict, d: dict) -> None:
         user = d.get("user") or job_id.split("~")[0]
         job["user"] = user
-        tags = self._tags(d, user)
-        given = d.get("flowRunId")
-        if given:
-            try:
-                run = await client.read_flow_run(uuid.UUID(str(given)))
-                job["flowRunId"], job["owned"] = str(given), False
-                # A run started from the UI has the deployment's tags only: add user:, vc:, priority:.
-                if not set(tags) <= set(run.tags or []):
-                    await client.update_flow_run(run.id, tags=sorted(set(run.tags or []) | set(tags)))
-            except (ObjectNotFound, ValueError):
-                logger.warning("job=%s names flow run id=%s that Prefect lacks; creating one", job_id, given)
-        if not job["flowRunId"]:
-            first = states.submitted(user, d.get("virtualCluster"), d.get("priorityClass"))
-            create = FlowRunCreate(
-                flow_id=await self._flow(client),
-                deployment_id=await self._job_deployment(client),
-                name=job_id,
-                parameters={"job_id": job_id},
-                tags=tags,
-                labels={"apiary.job": job_id, "apiary.user": user},
-                state=to_state_create(_state(first)),
-                idempotency_key=f"apiary:{job_id}:{seq}",
-            )
-            # create_flow_run() takes no idempotency key; this is the same POST with one.
-            resp = await client.request(
-                "POST", "/flow_runs/", json=create.model_dump(mode="json", exclude_unset=True)
-            )
-            job["flowRunId"], job["owned"] = str(resp.json()["id"]), True
-            await self.source.set_flow_run(job_id, job["flowRunId"])
-        job.setdefault("tags", tags)
-        self._want(job, states.waiting("waiting for placement"))
-        await self._task(client, job_id, job, ev, "submit", "submit", "COMPLETED",
-                         f"submitted at {_iso(t)} user={user} priorityClass={d.get('priorityClass')}")
-        await self._open(client, job_id, job, ev, "queue:0", "queue", "Waiting", "waiting for placement")
-        await self._log(client, job, ev, f"job.submitted user={user} virtualCluster={d.get('virtualCluster')} "
-                                         f"priorityClass={d.get('priorityClass')} flowRunId={job['flowRunId']}")
+        job["tags"] = self._tags(d, user)
+        job["submitted"] = {"seq": ev["seq"], "vc": d.get("virtualCluster"), "priority": d.get("priorityClass")}
+        if d.get("flowRunId"):
+            job["given"] = str(d["flowRunId"])  # a flow engine runs it: attach in _flush_run
+        else:
+            # "Submitted" until Apiary says more: Waiting comes with job.waiting (a job the
+            # scheduler places at once never waits), Running with task.started.
+            self._want(job, states.submitted(user, d.get("virtualCluster"), d.get("priorityClass")))
+        self._open(out, job_id, job, ev, "queue:0", "queue", "Waiting", "waiting for placement")
+        self._log(
+            out,
+            job,
+            ev,
+            f"job.submitted user={user} virtualCluster={d.get('virtualCluster')} "
+            f"priorityClass={d.get('priorityClass')}",
+        )
 
-    async def _on_job_waiting(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
+    def _on_job_waiting(self, out: _Out, job_id: str, job: dict, ev: dict, d: dict) -> None:
         attempt = int(d.get("attempt", 0))
         key = f"queue:{attempt}"
         if key not in job["open"]:
-            await self._open(client, job_id, job, ev, key, f"queue{_suffix(attempt)}", "Waiting",
-                             f"waiting: {d.get('reason')}", attempt)
+            self._open(
+                out, job_id, job, ev, key, f"queue{_suffix(attempt)}", "Waiting", f"waiting: {d.get('reason')}", attempt
+            )
         self._want(job, states.waiting(d.get("reason"), job.get("retryCause")))
-        await self._log(client, job, ev, f"job.waiting attempt={attempt} reason={d.get('reason')}")
+        self._log(out, job, ev, f"job.waiting attempt={attempt} reason={d.get('reason')}")
 
-    async def _on_job_placed(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
-        from prefect.client.schemas.actions import ArtifactCreate
-
+    def _on_job_placed(self, out: _Out, job_id: str, job: dict, ev: dict, d: dict) -> None:
         attempt = int(d.get("attempt", 0))
         placements = list(d.get("placements") or [])
         where = ", ".join(f"{p['taskRole']}/{p['index']}->{p['node']}{p.get('gpus')}" for p in placements)
-        await self._close(client, job, f"queue:{attempt}", "COMPLETED", f"placed: {where}")
+        self._close(out, job, ev, f"queue:{attempt}", "COMPLETED", f"placed: {where}")
         for p in placements:
             inst = job["inst"].setdefault(f"{attempt}/{p['taskRole']}/{p['index']}", {})
             inst.update({"node": p.get("node"), "gpus": p.get("gpus")})
-        step = f"placement{_suffix(attempt)}"
-        tr = await self._task(client, job_id, job, ev, step, step, "COMPLETED", f"attempt {attempt}: {where}", attempt)
-        rows = [
-            {"attempt": attempt, "taskRole": p["taskRole"], "index": p["index"], "node": p.get("node"),
-             "gpus": ",".join(str(g) for g in p.get("gpus") or [])}
-            for p in placements
-        ]
-        await self._artifact(client, ArtifactCreate(
-            key=_artifact_key(job_id, "placement"), type="table", data=rows,
-            description=f"Placement of {job_id}, attempt {attempt}",
-            flow_run_id=uuid.UUID(job["flowRunId"]), task_run_id=tr,
-        ))
-        await self._log(client, job, ev, f"job.placed attempt={attempt} {where}")
+        self._log(out, job, ev, f"job.placed attempt={attempt} {where}")
 
-    async def _on_task_started(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
+    def _on_task_started(self, out: _Out, job_id: str, job: dict, ev: dict, d: dict) -> None:
         attempt, role, index = int(d.get("attempt", 0)), d["taskRole"], int(d["index"])
         if not job["running"]:
             where = f"{role}/{index} started on {d.get('node')}" + (f" (attempt {attempt})" if attempt else "")
@@ -533,82 +582,120 @@ class PrefectBridge:
         inst.update({"started": True, "node": d.get("node"), "gpus": d.get("gpus")})
         key = f"run:{role}:{attempt}"
         if key not in job["open"] and key not in job.setdefault("closed", []):
-            await self._open(client, job_id, job, ev, key, f"run-{role}{_suffix(attempt)}", "Running",
-                             f"{role} running", attempt)
-        await self._log(client, job, ev, f"task.started attempt={attempt} {role}/{index} "
-                                         f"node={d.get('node')} gpus={d.get('gpus')}")
+            self._open(
+                out, job_id, job, ev, key, f"run-{role}{_suffix(attempt)}", "Running", f"{role} running", attempt
+            )
+        self._log(
+            out, job, ev, f"task.started attempt={attempt} {role}/{index} node={d.get('node')} gpus={d.get('gpus')}"
+        )
 
-    async def _on_task_exited(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
+    def _on_task_exited(self, out: _Out, job_id: str, job: dict, ev: dict, d: dict) -> None:
         attempt, role, index = int(d.get("attempt", 0)), d["taskRole"], int(d["index"])
         code = d.get("exitCode")
         inst = job["inst"].setdefault(f"{attempt}/{role}/{index}", {})
         inst.update({"started": True, "exit": code})
-        await self._ship_instance(client, job_id, job, attempt, role, index, final=True, t=ev.get("time"))
-        await self._log(client, job, ev, f"task.exited attempt={attempt} {role}/{index} exitCode={code} "
-                                         f"phrase={d.get('phrase')}")
+        self._ship(out, job_id, job, attempt, role, index, ev.get("time"))
+        self._log(
+            out, job, ev, f"task.exited attempt={attempt} {role}/{index} exitCode={code} phrase={d.get('phrase')}"
+        )
         mine = [v for k, v in job["inst"].items() if k.startswith(f"{attempt}/{role}/")]
         if all("exit" in v for v in mine):
             codes = [v["exit"] for v in mine]
             ok = all(c == 0 for c in codes)
-            await self._close(client, job, f"run:{role}:{attempt}", "COMPLETED" if ok else "FAILED",
-                              f"{role}: {len(codes)} instance(s) exited, exit codes {codes}")
+            self._close(
+                out,
+                job,
+                ev,
+                f"run:{role}:{attempt}",
+                "COMPLETED" if ok else "FAILED",
+                f"{role}: {len(codes)} instance(s) exited, exit codes {codes}",
+            )
 
-    async def _on_job_preempted(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
+    def _on_job_preempted(self, out: _Out, job_id: str, job: dict, ev: dict, d: dict) -> None:
         attempt = int(d.get("attempt", 0))
         msg = f"preempted by {d.get('by')}: {d.get('reason')}"
-        await self._end_attempts(client, job_id, job, attempt + 1, "CANCELLED", msg, ev.get("time"))
+        self._end_attempts(out, job_id, job, ev, attempt + 1, "CANCELLED", msg)
         job["retryCause"] = f"attempt {attempt} {msg}"
         job["running"] = False
         self._want(job, states.awaiting_retry(job["retryCause"]))
-        await self._log(client, job, ev, f"job.preempted attempt={attempt} by={d.get('by')} reason={d.get('reason')}",
-                        level=logging.WARNING)
+        self._log(
+            out,
+            job,
+            ev,
+            f"job.preempted attempt={attempt} by={d.get('by')} reason={d.get('reason')}",
+            level=logging.WARNING,
+        )
 
-    async def _on_job_retry(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
+    def _on_job_retry(self, out: _Out, job_id: str, job: dict, ev: dict, d: dict) -> None:
         attempt = int(d.get("attempt", 0))
         msg = f"attempt {attempt - 1} failed ({d.get('kind')}): {d.get('reason')} exitCode={d.get('exitCode')}"
-        await self._end_attempts(client, job_id, job, attempt, "FAILED", msg, ev.get("time"))
-        job["retryCause"] = (f"{d.get('kind')} retry, attempt {attempt}: {d.get('reason')} "
-                             f"(exit code {d.get('exitCode')})")
+        self._end_attempts(out, job_id, job, ev, attempt, "FAILED", msg)
+        job["retryCause"] = (
+            f"{d.get('kind')} retry, attempt {attempt}: {d.get('reason')} (exit code {d.get('exitCode')})"
+        )
         job["running"] = False
         self._want(job, states.awaiting_retry(job["retryCause"]))
-        await self._task(client, job_id, job, ev, f"retry@{attempt}", f"retry@{attempt}", "COMPLETED",
-                         f"retry kind={d.get('kind')} reason={d.get('reason')} exitCode={d.get('exitCode')}", attempt)
         key = f"queue:{attempt}"
         if key not in job["open"]:
-            await self._open(client, job_id, job, ev, key, f"queue{_suffix(attempt)}", "Waiting",
-                             "waiting for placement after retry", attempt)
-        await self._log(client, job, ev, f"job.retry attempt={attempt} kind={d.get('kind')} "
-                                         f"reason={d.get('reason')} exitCode={d.get('exitCode')}",
-                        level=logging.WARNING)
+            self._open(
+                out,
+                job_id,
+                job,
+                ev,
+                key,
+                f"queue{_suffix(attempt)}",
+                "Waiting",
+                f"waiting for placement after {d.get('kind')} retry: {d.get('reason')}",
+                attempt,
+            )
+        self._log(
+            out,
+            job,
+            ev,
+            f"job.retry attempt={attempt} kind={d.get('kind')} reason={d.get('reason')} exitCode={d.get('exitCode')}",
+            level=logging.WARNING,
+        )
 
-    async def _on_job_stop_requested(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
-        job.setdefault("stoppedBy", (ev.get("data") or {}).get("by") or "a stop request")
-        await self._log(client, job, ev, "job.stop_requested", level=logging.WARNING)
+    def _on_job_stop_requested(self, out: _Out, job_id: str, job: dict, ev: dict, d: dict) -> None:
+        job.setdefault("stoppedBy", d.get("by") or "a stop request")
+        self._log(out, job, ev, "job.stop_requested", level=logging.WARNING)
 
-    async def _on_job_completed(self, client: Any, job_id: str, job: dict, ev: dict, d: dict) -> None:
+    def _on_job_completed(self, out: _Out, job_id: str, job: dict, ev: dict, d: dict) -> None:
         from prefect.client.schemas.actions import ArtifactCreate
 
         apiary_state = str(d.get("state", "FAILED")).upper()
         end = states.final(apiary_state, d.get("exitCode"), d.get("attempt"), job.get("stoppedBy"))
-        ptype, msg = end.type, end.message
-        await self._end_attempts(client, job_id, job, 10**9, ptype, msg, ev.get("time"))
-        tr = await self._task(client, job_id, job, ev, "complete", "complete", ptype, msg)
+        self._end_attempts(out, job_id, job, ev, 10**9, end.type, end.message)
         retries = [k for k in job["inst"] if not k.startswith("0/")]
         table = "\n".join(
             f"| {k.split('/')[0]} | {k.split('/')[1]} | {k.split('/')[2]} | {v.get('node')} | {v.get('gpus')} "
             f"| {v.get('exit')} |"
             for k, v in sorted(job["inst"].items())
         )
-        await self._artifact(client, ArtifactCreate(
-            key=_artifact_key(job_id, "job"), type="markdown",
-            description=f"Summary of {job_id}",
-            data=(f"# {job_id}: {apiary_state}\n\nexit code `{d.get('exitCode')}`, attempt {d.get('attempt')}, "
-                  f"{len({k.split('/')[0] for k in retries})} retried attempt(s)\n\n"
-                  "| attempt | taskRole | index | node | gpus | exitCode |\n|---|---|---|---|---|---|\n" + table),
-            flow_run_id=uuid.UUID(job["flowRunId"]), task_run_id=tr,
-        ))
-        await self._log(client, job, ev, f"job.completed {msg}",
-                        level=logging.INFO if apiary_state == "SUCCEEDED" else logging.ERROR)
+        # One artifact per job, at its end: where every instance of every attempt ran and how it
+        # exited (an artifact costs a request per job; the placement is in the logs meanwhile).
+        out.artifacts.append(
+            (
+                job,
+                ArtifactCreate(
+                    key=_artifact_key(job_id, "job"),
+                    type="markdown",
+                    description=f"Summary of {job_id}",
+                    data=(
+                        f"# {job_id}: {apiary_state}\n\nexit code `{d.get('exitCode')}`, attempt {d.get('attempt')}, "
+                        f"{len({k.split('/')[0] for k in retries})} retried attempt(s)\n\n"
+                        "| attempt | taskRole | index | node | gpus | exitCode |\n|---|---|---|---|---|---|\n" + table
+                    ),
+                ).model_dump(mode="json", exclude_unset=True),
+            )
+        )
+        self._log(
+            out,
+            job,
+            ev,
+            f"job.completed {end.message}",
+            level=logging.INFO if apiary_state == "SUCCEEDED" else logging.ERROR,
+        )
         job["final"] = _spec_dict(end)
         if job["owned"]:  # an attached run ends when its flow returns the same state (flows/job.py)
             self._want(job, end)
@@ -619,32 +706,85 @@ class PrefectBridge:
     @staticmethod
     def _want(job: dict, spec: StateSpec) -> None:
         """The flow run state a job should show now (:mod:`apiary.tracking.states`). Set once per
-        job per batch (:meth:`_flush_state`): one request however many events the batch held."""
+        job per batch (:meth:`_flush_run`): one request however many events the batch held."""
         job["want"] = _spec_dict(spec)
 
-    async def _flush_state(self, client: Any, job: dict) -> None:
-        """Set the job's wanted flow run state.
+    async def _flush_run(self, client: Any, job_id: str, job: dict) -> None:
+        """Create the job's flow run, attach to the one it came with, or set its wanted state.
 
-        A bridge-made run is set with ``force`` (Prefect's rules refuse e.g. Running -> Pending,
-        which a preemption is). A run a flow engine owns (started from the UI) gets only
-        non-final states, and none once it is final or cancelling: the engine ends it.
+        A new run is created with the idempotency key ``apiary:<job id>:<submitted seq>`` in the
+        job's first state (RUNNING "Submitted", see :mod:`apiary.tracking.states`), and moved to
+        the wanted state in a second request when that differs. A bridge-made run is set with
+        ``force`` (Prefect's rules refuse e.g. Running -> Pending, which a preemption is). A run
+        a flow engine owns (started from the UI) gets only non-final states, and none once it is
+        final or cancelling: the engine ends it. A 4xx answer is logged and the state dropped.
         """
         from prefect.exceptions import ObjectNotFound
 
-        want, fid = job.get("want"), job.get("flowRunId")
-        if not want or not fid:
-            return
-        spec = StateSpec(**want)
-        if not job.get("owned", True):
-            try:
-                run = await client.read_flow_run(uuid.UUID(fid))
-            except ObjectNotFound:
-                run = None
-            if spec.final or run is None or run.state is None or run.state.is_final() or run.state.is_cancelling():
-                job.pop("want", None)
+        try:
+            if not job.get("flowRunId"):
+                await self._attach_or_create(client, job_id, job)
+            want, fid = job.get("want"), job.get("flowRunId")
+            if not want or not fid:
                 return
-        await client.set_flow_run_state(uuid.UUID(fid), _state(spec), force=True)
-        job.pop("want", None)
+            spec = StateSpec(**want)
+            if not job.get("owned", True):
+                try:
+                    run = await client.read_flow_run(uuid.UUID(fid))
+                except ObjectNotFound:
+                    run = None
+                if spec.final or run is None or run.state is None or run.state.is_final() or run.state.is_cancelling():
+                    job.pop("want", None)
+                    return
+            if want != job.get("shown"):
+                await client.set_flow_run_state(uuid.UUID(fid), _state(spec), force=True)
+                job["shown"] = want
+            job.pop("want", None)
+        except Exception as exc:
+            if _is_transient(exc):
+                raise
+            logger.error("flow run state dropped job=%s want=%s error=%r", job_id, job.get("want"), exc)
+            job.pop("want", None)
+
+    async def _attach_or_create(self, client: Any, job_id: str, job: dict) -> None:
+        from prefect.client.schemas.actions import FlowRunCreate
+        from prefect.exceptions import ObjectNotFound
+        from prefect.states import to_state_create
+
+        tags, given = job.get("tags") or ["apiary"], job.get("given")
+        if given:
+            try:
+                run = await client.read_flow_run(uuid.UUID(given))
+                # A run started from the UI has the deployment's tags only: add user:, vc:, priority:.
+                if not set(tags) <= set(run.tags or []):
+                    await client.update_flow_run(run.id, tags=sorted(set(run.tags or []) | set(tags)))
+                job["flowRunId"], job["owned"] = given, False
+                return
+            except (ObjectNotFound, ValueError):
+                logger.warning("job=%s names flow run id=%s that Prefect lacks; creating one", job_id, given)
+        sub = job.get("submitted") or {}
+        first = states.submitted(job.get("user"), sub.get("vc"), sub.get("priority"))
+        want = job.get("want")
+        if want and want["type"] != "PENDING":
+            # Already running or over when first seen (a short job, or a bridge catching up):
+            # created in that state, one request. Only a waiting job needs "Submitted" first,
+            # so that its run has started and is never shown "late" (apiary.tracking.states).
+            first = StateSpec(**want)
+        create = FlowRunCreate(
+            flow_id=await self._flow(client),
+            deployment_id=await self._job_deployment(client),
+            name=job_id,
+            parameters={"job_id": job_id},
+            tags=tags,
+            labels={"apiary.job": job_id, "apiary.user": job.get("user") or job_id.split("~")[0]},
+            state=to_state_create(_state(first)),
+            idempotency_key=f"apiary:{job_id}:{sub.get('seq', 0)}",
+        )
+        # create_flow_run() takes no idempotency key; this is the same POST with one.
+        resp = await client.request("POST", "/flow_runs/", json=create.model_dump(mode="json", exclude_unset=True))
+        fid = str(resp.json()["id"])
+        await self.source.set_flow_run(job_id, fid)
+        job["flowRunId"], job["owned"], job["shown"] = fid, True, _spec_dict(first)
 
     async def _watch_cancels(self, client: Any) -> None:
         """Cancel in the UI stops the job (at most every ``cancel_poll_s``).
@@ -671,11 +811,21 @@ class PrefectBridge:
         since = self._cancel_after or datetime.now(UTC)
         self._cancel_after = datetime.now(UTC)
         flows = FlowFilter(name=FlowFilterName(any_=[FLOW_NAME]))
-        cancelling = await client.read_flow_runs(flow_filter=flows, limit=200, flow_run_filter=FlowRunFilter(
-            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CANCELLING]))))
-        cancelled = await client.read_flow_runs(flow_filter=flows, limit=200, flow_run_filter=FlowRunFilter(
-            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CANCELLED])),
-            end_time=FlowRunFilterEndTime(after_=since - timedelta(seconds=30))))
+        cancelling = await client.read_flow_runs(
+            flow_filter=flows,
+            limit=200,
+            flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CANCELLING]))
+            ),
+        )
+        cancelled = await client.read_flow_runs(
+            flow_filter=flows,
+            limit=200,
+            flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CANCELLED])),
+                end_time=FlowRunFilterEndTime(after_=since - timedelta(seconds=30)),
+            ),
+        )
         by_run: dict[str, list[tuple[str, dict]]] = {}
         for job_id, job in self.state["jobs"].items():
             if job.get("flowRunId"):
@@ -705,44 +855,52 @@ class PrefectBridge:
             tags.append(f"priority:{d['priorityClass']}")
         return tags
 
-    async def _create_task_run(self, client: Any, job_id: str, job: dict, ev: dict, step: str, name: str,
-                               state: Any, attempt: int) -> uuid.UUID:
-        tid = task_run_id(job_id, int(ev["seq"]), step)
-        shape = _TaskShape(task_key=f"apiary.{name.split('@')[0]}",
-                           tags=[*job.get("tags", ["apiary"]), f"attempt:{attempt}"])
-        await client.create_task_run(shape, uuid.UUID(job["flowRunId"]), dynamic_key=f"{ev['seq']}:{step}",
-                                     id=tid, name=name, state=state)
-        return tid
+    def _open(
+        self,
+        out: _Out,
+        job_id: str,
+        job: dict,
+        ev: dict,
+        key: str,
+        name: str,
+        state_name: str,
+        message: str,
+        attempt: int = 0,
+    ) -> None:
+        """A task run that starts now (Running, named ``state_name``); :meth:`_close` ends it."""
+        seq = int(ev["seq"])
+        tr = {
+            "id": str(task_run_id(job_id, seq, key)),
+            "name": name,
+            "dynamicKey": f"{seq}:{key}",
+            "attempt": attempt,
+            "start": ev.get("time"),
+        }
+        job["open"][key] = tr
+        out.task_changes.append(
+            (job, tr, {"type": "RUNNING", "name": state_name, "message": message, "time": ev.get("time")})
+        )
 
-    async def _task(self, client: Any, job_id: str, job: dict, ev: dict, step: str, name: str, ptype: str,
-                    message: str, attempt: int = 0) -> uuid.UUID:
-        """A task run that happens at once: created directly in its final state (one request)."""
-        from prefect.states import State, StateType
-
-        return await self._create_task_run(client, job_id, job, ev, step, name,
-                                           State(type=StateType(ptype), message=message), attempt)
-
-    async def _open(self, client: Any, job_id: str, job: dict, ev: dict, key: str, name: str, state_name: str,
-                    message: str, attempt: int = 0) -> None:
-        from prefect.states import Running
-
-        tid = await self._create_task_run(client, job_id, job, ev, key, name,
-                                          Running(name=state_name, message=message), attempt)
-        job["open"][key] = str(tid)
-
-    async def _close(self, client: Any, job: dict, key: str, ptype: str, message: str) -> None:
-        from prefect.states import State, StateType
-
-        tid = job["open"].get(key)
-        if tid is None:
+    def _close(self, out: _Out, job: dict, ev: dict, key: str, ptype: str, message: str) -> None:
+        tr = job["open"].pop(key, None)
+        if tr is None:
             return
-        await client.set_task_run_state(uuid.UUID(tid), State(type=StateType(ptype), message=message), force=True)
-        del job["open"][key]
+        out.task_changes.append(
+            (
+                job,
+                tr,
+                {
+                    "type": ptype,
+                    "name": _FINAL_NAMES.get(ptype, ptype.title()),
+                    "message": message,
+                    "time": ev.get("time"),
+                },
+            )
+        )
         if key.startswith("run:"):
             job.setdefault("closed", []).append(key)
 
-    async def _end_attempts(self, client: Any, job_id: str, job: dict, before: int, ptype: str, message: str,
-                            t: float | None) -> None:
+    def _end_attempts(self, out: _Out, job_id: str, job: dict, ev: dict, before: int, ptype: str, message: str) -> None:
         """Ship output and close every open task run of attempts ``< before``.
 
         A role run whose instances all exited 0 still ends Completed.
@@ -750,7 +908,7 @@ class PrefectBridge:
         for key, inst in list(job["inst"].items()):
             attempt, role, index = key.split("/")
             if int(attempt) < before and inst.get("started") and not inst.get("shipped"):
-                await self._ship_instance(client, job_id, job, int(attempt), role, int(index), final=True, t=t)
+                self._ship(out, job_id, job, int(attempt), role, int(index), ev.get("time"))
         for key in list(job["open"]):
             attempt = int(key.rsplit(":", 1)[1])
             if attempt >= before:
@@ -759,55 +917,115 @@ class PrefectBridge:
                 role = key.split(":")[1]
                 mine = [v for k, v in job["inst"].items() if k.startswith(f"{attempt}/{role}/")]
                 if mine and all(v.get("exit") == 0 for v in mine):
-                    await self._close(client, job, key, "COMPLETED", f"{role}: all instances exited 0")
+                    self._close(out, job, ev, key, "COMPLETED", f"{role}: all instances exited 0")
                     continue
-            await self._close(client, job, key, ptype, message)
+            self._close(out, job, ev, key, ptype, message)
 
-    async def _log(self, client: Any, job: dict, ev: dict, message: str, level: int = logging.INFO) -> None:
-        """Queue one event line for the flow run's logs; :meth:`_flush_logs` sends them."""
-        self._pending_logs.setdefault(job["flowRunId"], []).append({
-            "name": "apiary.events", "level": level, "message": message,
-            "timestamp": _iso(ev.get("time")), "flow_run_id": job["flowRunId"], "task_run_id": None,
-        })
+    def _task_event(self, job: dict, tr: dict, change: dict) -> dict:
+        """The ``prefect.task-run.<State>`` event of one task run state change, as Prefect's task
+        engine emits it (``prefect.orchestration: client``; the server's task run recorder turns
+        it into the task run and its state). The event id is the state id, derived from the task
+        run and the change, so a repeated batch records nothing twice."""
+        from prefect.client.schemas.objects import State, StateType, TaskRun
 
-    async def _flush_logs(self, client: Any, flow_run_id: str | None) -> None:
-        """Send queued event lines of one flow run in one request.
+        tid = uuid.UUID(tr["id"])
+        at = datetime.fromtimestamp(change["time"] if change.get("time") is not None else time.time(), UTC)
+        start = datetime.fromtimestamp(tr["start"], UTC) if tr.get("start") is not None else at
+        final = change["type"] != "RUNNING"
+        state = State(type=StateType(change["type"]), name=change["name"], message=change["message"], timestamp=at)
+        tags = [*job.get("tags", ["apiary"]), f"attempt:{tr['attempt']}"]
+        run = TaskRun(
+            id=tid,
+            name=tr["name"],
+            flow_run_id=uuid.UUID(job["flowRunId"]),
+            task_key=f"apiary.{tr['name'].split('@')[0]}",
+            dynamic_key=tr["dynamicKey"],
+            tags=tags,
+            state=state,
+            start_time=start,
+            end_time=at if final else None,
+            total_run_time=(at - start) if final else timedelta(0),
+            run_count=1,
+        )
+        return {
+            "id": str(uuid.uuid5(_NAMESPACE, f"{tid}#{change['type']}#{change['name']}")),
+            "occurred": at.isoformat(),
+            "event": f"prefect.task-run.{change['name']}",
+            "resource": {
+                "prefect.resource.id": f"prefect.task-run.{tid}",
+                "prefect.resource.name": tr["name"],
+                "prefect.state-message": change["message"],
+                "prefect.state-name": change["name"],
+                "prefect.state-timestamp": at.isoformat(),
+                "prefect.state-type": change["type"],
+                "prefect.orchestration": "client",
+            },
+            "related": [
+                {"prefect.resource.id": f"prefect.flow-run.{job['flowRunId']}", "prefect.resource.role": "flow-run"}
+            ]
+            + [{"prefect.resource.id": f"prefect.tag.{t}", "prefect.resource.role": "tag"} for t in sorted(tags)],
+            "payload": {
+                "intended": {"from": None, "to": change["type"]},
+                "initial_state": None,
+                "validated_state": {
+                    "type": change["type"],
+                    "name": change["name"],
+                    "message": change["message"],
+                    "state_details": {},
+                    "data": None,
+                },
+                "task_run": run.model_dump(mode="json", exclude_none=True, exclude=_EVENT_TASK_RUN_EXCLUDE),
+            },
+        }
 
-        Event lines are batched per job and batch (they cost one request each otherwise, on a
-        SQLite server about 20 ms); they live in memory until sent, so a crash of the bridge
-        can lose some (the task run states carry the same facts).
-        """
-        if not flow_run_id:
-            return
-        rows = self._pending_logs.pop(flow_run_id, None)
-        if not rows:
-            return
-        try:
-            for batch in _batches(rows):
-                await client.create_logs(batch)
-        except Exception as exc:
-            if not _is_transient(exc):
-                logger.error("event log lines dropped flow_run=%s lines=%s error=%r", flow_run_id, len(rows), exc)
-                return
-            self._pending_logs.setdefault(flow_run_id, [])[:0] = rows  # keep them for the next try
-            raise
+    def _log(self, out: _Out, job: dict, ev: dict, message: str, level: int = logging.INFO) -> None:
+        """One event line for the flow run's logs (sent with the batch, :meth:`_flush`)."""
+        out.logs.append(
+            (
+                job,
+                {
+                    "name": "apiary.events",
+                    "level": level,
+                    "message": message,
+                    "timestamp": _iso(ev.get("time")),
+                    "task_run_id": None,
+                },
+            )
+        )
 
-    async def _artifact(self, client: Any, artifact: Any) -> None:
-        # Same request as client.create_artifact(), without the client-side "artifact created"
-        # event: that would start a second (websocket) connection to PREFECT_API_URL.
-        await client.request("POST", "/artifacts/", json=artifact.model_dump(mode="json", exclude_unset=True))
+    def _ship(self, out: _Out, job_id: str, job: dict, attempt: int, role: str, index: int, t: float | None) -> None:
+        """Ship the rest of one exited instance's output with this batch."""
+        tr = job["open"].get(f"run:{role}:{attempt}") or {}
+        out.ships.append((job_id, job, attempt, role, index, True, t, tr.get("id")))
+        job["inst"].setdefault(f"{attempt}/{role}/{index}", {})["shipped"] = True
 
-    async def _ship_instance(self, client: Any, job_id: str, job: dict, attempt: int, role: str, index: int,
-                             final: bool, t: float | None = None) -> int:
-        """Ship one instance's new stdout/stderr to the flow run's logs; return lines shipped.
+    async def _ship_output(self, out: _Out) -> None:
+        """Read the output of every instance ``out.ships`` names from Apiary into ``out.logs``,
+        ``concurrency`` reads at a time."""
+        sem = asyncio.Semaphore(self.concurrency)
 
-        Lines are prefixed ``[role/index]`` (stderr lines come from logger ``apiary.job.stderr``).
-        While running only complete lines are shipped (the offset stops at the last newline);
-        ``final`` ships the rest too.
-        """
-        run_tid = job["open"].get(f"run:{role}:{attempt}")
-        rows: list[dict] = []
-        new_offsets: dict[str, int] = {}
+        async def one(item: tuple) -> None:
+            async with sem:
+                await self._read_output(out, *item)
+
+        await asyncio.gather(*(one(i) for i in out.ships))
+
+    async def _read_output(
+        self,
+        out: _Out,
+        job_id: str,
+        job: dict,
+        attempt: int,
+        role: str,
+        index: int,
+        final: bool,
+        t: float | None,
+        task_run: str | None,
+    ) -> None:
+        """New stdout/stderr of one instance as log rows, prefixed ``[role/index]`` (stderr lines
+        come from logger ``apiary.job.stderr``). While running only complete lines are taken (the
+        offset stops at the last newline); ``final`` takes the rest too. Offsets advance in the
+        job's record, which the batch restores if its writes fail."""
         stamp = _iso(t)
         for stream in ("stdout", "stderr"):
             okey = f"{attempt}/{role}/{index}/{stream}"
@@ -818,27 +1036,28 @@ class PrefectBridge:
                 text = text[: cut + 1] if cut >= 0 else ""
             if not text:
                 continue
-            new_offsets[okey] = off + len(text.encode())
+            job["logOff"][okey] = off + len(text.encode())
             prefix = f"[{role}/{index}]" + (f"@{attempt}" if attempt else "")
             for line in text.splitlines():
-                rows.append({
-                    "name": f"apiary.job.{stream}", "level": logging.INFO,
-                    "message": f"{prefix} {line[:_MAX_LINE_CHARS]}", "timestamp": stamp,
-                    "flow_run_id": job["flowRunId"], "task_run_id": run_tid,
-                })
-        for batch in _batches(rows):
-            await client.create_logs(batch)
-        job["logOff"].update(new_offsets)
-        if final:
-            job["inst"].setdefault(f"{attempt}/{role}/{index}", {})["shipped"] = True
-        return len(rows)
+                out.logs.append(
+                    (
+                        job,
+                        {
+                            "name": f"apiary.job.{stream}",
+                            "level": logging.INFO,
+                            "message": f"{prefix} {line[:_MAX_LINE_CHARS]}",
+                            "timestamp": stamp,
+                            "task_run_id": task_run,
+                        },
+                    )
+                )
 
-    async def _poll_running_logs(self, client: Any) -> None:
-        """Ship complete output lines of running instances, at most every ``log_interval_s``."""
+    def _collect_running_output(self, out: _Out) -> None:
+        """Name in ``out.ships`` the running instances whose complete output lines are due (at most
+        every ``log_interval_s`` per job)."""
         now = time.monotonic()
-        todo = []
         for job_id, job in self.state["jobs"].items():
-            if job.get("done") or not job.get("running"):
+            if job.get("done") or not job.get("running") or not job.get("flowRunId"):
                 continue
             if now - self._log_polled.get(job_id, 0.0) < self.log_interval_s:
                 continue
@@ -846,14 +1065,35 @@ class PrefectBridge:
             for key, inst in job["inst"].items():
                 if inst.get("started") and "exit" not in inst:
                     attempt, role, index = key.split("/")
-                    todo.append((job_id, job, int(attempt), role, int(index)))
-        sem = asyncio.Semaphore(self.concurrency)
+                    tr = job["open"].get(f"run:{role}:{attempt}") or {}
+                    out.ships.append((job_id, job, int(attempt), role, int(index), False, None, tr.get("id")))
 
-        async def one(item: tuple) -> None:
-            async with sem:
-                await self._ship_instance(client, item[0], item[1], item[2], item[3], item[4], final=False)
 
-        await asyncio.gather(*(one(i) for i in todo))
+@dataclass
+class _Out:
+    """What one batch writes to Prefect, collected while its events are recorded."""
+
+    touched: dict[str, dict] = field(default_factory=dict)  # job id -> record: flow run to create/update
+    task_changes: list[tuple[dict, dict, dict]] = field(default_factory=list)  # (job, task run, state change)
+    logs: list[tuple[dict, dict]] = field(default_factory=list)  # (job, log row without flow_run_id)
+    artifacts: list[tuple[dict, dict]] = field(default_factory=list)  # (job, ArtifactCreate json)
+    ships: list[tuple] = field(default_factory=list)  # instance output to read from Apiary
+
+
+_FINAL_NAMES = {"COMPLETED": "Completed", "FAILED": "Failed", "CANCELLED": "Cancelled", "CRASHED": "Crashed"}
+# TaskRun fields the task run recorder fills itself (the exclusions of Prefect's own task engine).
+_EVENT_TASK_RUN_EXCLUDE = {
+    "id",
+    "created",
+    "updated",
+    "flow_run_id",
+    "state_id",
+    "state_type",
+    "state_name",
+    "state",
+    "estimated_start_time_delta",
+    "estimated_run_time",
+}
 
 
 def _spec_dict(spec: StateSpec) -> dict[str, str]:
@@ -881,10 +1121,12 @@ def _batches(rows: Iterable[dict]) -> Iterable[list[dict]]:
         yield batch
 
 
-async def run_bridge(api_url: str, prefect_api_url: str, state_path: Path) -> None:
+async def run_bridge(api_url: str, prefect_api_url: str, state_path: Path, concurrency: int = 2) -> None:
     """The ``prefect-bridge`` process of ``apiary up``: mirror ``api_url``'s jobs into
-    ``prefect_api_url`` until cancelled (SIGTERM/SIGINT end it through asyncio.run)."""
+    ``prefect_api_url`` until cancelled (SIGTERM/SIGINT end it through asyncio.run).
+    ``concurrency``: jobs written at once (2 for a SQLite-backed server, which answers 503 to
+    more; ``apiary up`` gives a PostgreSQL-backed one 8)."""
     from apiary.tracking.source import HttpEventSource
 
-    bridge = PrefectBridge(HttpEventSource(api_url), prefect_api_url, Path(state_path))
+    bridge = PrefectBridge(HttpEventSource(api_url), prefect_api_url, Path(state_path), concurrency=concurrency)
     await bridge.run_forever()
