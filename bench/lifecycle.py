@@ -139,14 +139,18 @@ class Platform:
                 self.tmp.cleanup()
 
 
-def start_platform(nodes: int, gpus_per_node: int, *, prefect: bool, ready_timeout_s: float = 120.0) -> Platform:
+def start_platform(
+    nodes: int, gpus_per_node: int, *, prefect: bool, ready_timeout_s: float = 120.0, env: dict[str, str] | None = None
+) -> Platform:
+    """A started Embedded on a generated ``nodes`` x ``gpus_per_node`` cluster in a temp home, every
+    node ready. ``env`` goes to its children (e.g. ``APIARY_DATABASE_URL`` for a PostgreSQL store)."""
     tmp = tempfile.TemporaryDirectory(prefix="apiary-bench-")
     root = Path(tmp.name)
     cfg = root / "cluster.yaml"
     cfg.write_text(cluster_config(nodes, gpus_per_node))
     workdir = root / "work"
     workdir.mkdir()
-    emb = Embedded(home=root / "home", cluster=cfg, prefect=prefect, workdir=str(workdir))
+    emb = Embedded(home=root / "home", cluster=cfg, prefect=prefect, workdir=str(workdir), env=dict(env or {}))
     t0 = time.monotonic()
     client: ApiaryClient | None = None
     try:

@@ -4,8 +4,10 @@ Runs the scheduler benchmark (bench/scheduler.py: the pure HiveD algorithm on 1,
 10,000-node clusters), the Philly trace replay (bench/replay.py, through ``apiary sim trace``), the
 lifecycle benchmarks (bench/lifecycle.py, on the embedded platform) and the monitoring benchmarks
 (bench/monitoring.py: a node's /metrics scrape time, fault -> alert -> cordon through real
-Prometheus and Alertmanager), writes their numbers to the ``scheduler``, ``replay``, ``lifecycle``
-and ``monitoring`` sections of ``bench/results.json`` (other top-level sections are kept), prints
+Prometheus and Alertmanager) and the Prefect mirroring benchmarks (bench/prefect_lag.py: UI lag
+at 20 jobs/s, catch-up of a 1,000-job burst, on PostgreSQL), writes their numbers to the
+``scheduler``, ``replay``, ``lifecycle``, ``monitoring`` and ``prefect`` sections of
+``bench/results.json`` (other top-level sections are kept), prints
 measured vs target (bench/thresholds.yaml) and exits 1 if a target is missed, 2 if a benchmark
 could not run. See bench/README.md.
 
@@ -14,6 +16,7 @@ could not run. See bench/README.md.
     .venv/bin/python bench/run.py --only scheduler              # one benchmark (repeatable)
     .venv/bin/python bench/run.py --only lifecycle.start_latency --out /tmp/results.json
     .venv/bin/python bench/run.py --only monitoring                 # scrape time + fault -> cordon
+    .venv/bin/python bench/run.py --only prefect [--prefect-sqlite] [--prefect-profile]
 """
 
 from __future__ import annotations
@@ -39,15 +42,20 @@ for p in (str(REPO_ROOT / "platform"), str(BENCH_DIR)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-# bench/lifecycle.py, bench/scheduler.py, bench/replay.py and bench/monitoring.py are imported
+# bench/lifecycle.py, bench/scheduler.py, bench/replay.py, bench/monitoring.py and
+# bench/prefect_lag.py (not "prefect.py": bench/ is on sys.path and would shadow the package) are imported
 # (through BENCH_DIR on sys.path) only when they run: the lifecycle module pulls in the whole
 # embedded platform.
 
 LIFECYCLE = ("lifecycle.start_latency", "lifecycle.concurrent", "lifecycle.queued")
 MONITORING = ("monitoring.scrape", "monitoring.fault_to_cordon")
-BENCHMARKS = ("scheduler", "replay", *LIFECYCLE, *MONITORING)
-GROUPS = {"lifecycle": LIFECYCLE, "monitoring": MONITORING}
-ONLY_CHOICES = (*BENCHMARKS, *GROUPS)  # "lifecycle" / "monitoring" = both benchmarks of the family
+PREFECT = ("prefect.ui_lag", "prefect.catch_up")
+BENCHMARKS = ("scheduler", "replay", *LIFECYCLE, *MONITORING, *PREFECT)
+GROUPS = {"lifecycle": LIFECYCLE, "monitoring": MONITORING, "prefect": PREFECT}
+ONLY_CHOICES = (*BENCHMARKS, *GROUPS)  # a family name = every benchmark of that family
+PREFECT_RATE, PREFECT_DURATION_S, PREFECT_BURST = 20.0, 60.0, 1000
+QUICK_PREFECT_DURATION_S, QUICK_PREFECT_BURST = 10.0, 100
+PREFECT_NODES, QUICK_PREFECT_NODES = 32, 16
 SCRAPE_SAMPLES, QUICK_SCRAPE_SAMPLES = 500, 50
 CORDON_SAMPLES, QUICK_CORDON_SAMPLES = 4, 2
 CORDON_NODES = 4
@@ -235,6 +243,15 @@ def write_results(out: Path, section: dict, replace: bool, name: str = "lifecycl
         import monitoring
 
         merged["method"] = monitoring.method(merged)
+    elif name == "prefect":
+        import prefect_lag
+
+        if not replace and isinstance(section.get("sqlite"), dict):  # merge SQLite's keys too
+            merged["sqlite"] = {**((data.get(name) or {}).get("sqlite") or {}), **section["sqlite"]}
+
+        merged["method"] = prefect_lag.method(merged)
+        if isinstance(merged.get("sqlite"), dict):
+            merged["sqlite"]["method"] = prefect_lag.method({**merged["sqlite"], "database": "sqlite"})
     data[name] = merged
     _write(out, data)
     return merged
@@ -331,6 +348,70 @@ def run_monitoring(which: set[str], quick: bool, errors: list[str]) -> dict:
     return section
 
 
+def run_prefect(which: set[str], quick: bool, databases: list[str], profile: bool, errors: list[str]) -> dict:
+    """The ``prefect`` benchmarks in ``which`` on each of ``databases``; PostgreSQL's numbers are the
+    section's own keys (the ones thresholds.yaml checks), SQLite's go under ``sqlite``. A failed
+    one is added to ``errors`` and leaves its keys out."""
+    section: dict = {}
+    if not which & set(PREFECT):
+        return section
+    import prefect_lag
+
+    nodes = QUICK_PREFECT_NODES if quick else PREFECT_NODES
+    for db in databases:
+        out: dict = {"database": db, "nodes": nodes, "gpus_per_node": 8}
+        if "prefect.ui_lag" in which:
+            try:
+                r = prefect_lag.measure_lag(
+                    PREFECT_RATE,
+                    QUICK_PREFECT_DURATION_S if quick else PREFECT_DURATION_S,
+                    database=db,
+                    nodes=nodes,
+                    trace=profile,
+                )
+                d = r.to_dict()
+                out.update(d)
+                by = "; ".join(
+                    f"{k}: p50={v.get('p50_s')} p99={v.get('p99_s')} max={v.get('max_s')} n={v['count']} "
+                    f"missing={v['missing']}"
+                    for k, v in d["ui_lag_by_transition"].items()
+                )
+                print(
+                    f"prefect ui_lag [{db}]: {r.submitted} jobs at {d['ui_lag_achieved_rate_per_s']}/s; lag "
+                    f"p50={d['ui_lag_p50_s']} s p99={d['ui_lag_p99_s']} s max={d['ui_lag_max_s']} s over "
+                    f"{d['ui_lag_samples']} transitions ({d['ui_lag_missing']} never reached Prefect) [{by}]; "
+                    f"Apiary final after {d['ui_lag_apiary_final_after_s']} s, Prefect after "
+                    f"{d['ui_lag_prefect_final_after_s']} s; cpu {r.cpu.get('cpu_s')} over {r.cpu.get('wall_s')} s",
+                    flush=True,
+                )
+            except Exception:
+                errors.append(f"prefect.ui_lag[{db}]")
+                traceback.print_exc()
+        if "prefect.catch_up" in which:
+            try:
+                r = prefect_lag.measure_catch_up(
+                    QUICK_PREFECT_BURST if quick else PREFECT_BURST, database=db, nodes=nodes, trace=profile
+                )
+                d = r.to_dict()
+                out.update(d)
+                print(
+                    f"prefect catch_up [{db}]: {r.submitted} jobs submitted in {r.submit_s:.1f} s, Apiary final "
+                    f"after {r.apiary_final_after_s:.1f} s, every flow run terminal after {r.catch_up_s:.1f} s "
+                    f"(complete={r.complete}: {r.flow_runs} flow runs, {r.terminal} terminal; "
+                    f"{d['catch_up_jobs_per_s']} jobs/s); cpu {r.cpu.get('cpu_s')} over {r.cpu.get('wall_s')} s",
+                    flush=True,
+                )
+            except Exception:
+                errors.append(f"prefect.catch_up[{db}]")
+                traceback.print_exc()
+        if len(out) > 3:
+            if db == "postgresql":
+                section.update(out)
+            else:
+                section[db] = out
+    return section
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -344,7 +425,8 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="smoke size: 20 latency samples, 100 concurrent jobs, scheduler on 200 nodes with 1,000 placements, "
         f"replay of the first 2,000 Philly jobs, {QUICK_SCRAPE_SAMPLES} scrapes, {QUICK_CORDON_SAMPLES} "
-        "fault -> cordon samples",
+        f"fault -> cordon samples, Prefect lag over {QUICK_PREFECT_DURATION_S:.0f} s and a {QUICK_PREFECT_BURST}-job "
+        "burst",
     )
     ap.add_argument("--out", type=Path, default=BENCH_DIR / "results.json", help="results file (merged)")
     ap.add_argument("--thresholds", type=Path, default=BENCH_DIR / "thresholds.yaml")
@@ -361,6 +443,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--scheduler-samples", type=int, help="scheduler: placements measured per cluster size")
     ap.add_argument("--replay-timeout", type=float, default=1200.0, help="replay: bound on the simulator run (s)")
+    ap.add_argument(
+        "--prefect-sqlite",
+        action="store_true",
+        help="prefect: also measure with SQLite (store and Prefect server) for comparison, under prefect.sqlite",
+    )
+    ap.add_argument(
+        "--prefect-only-sqlite", action="store_true", help="prefect: measure only on SQLite (no PostgreSQL needed)"
+    )
+    ap.add_argument(
+        "--prefect-profile",
+        action="store_true",
+        help="prefect: record every request the Prefect server serves (count per endpoint and job, server-side "
+        "latency) into *_requests",
+    )
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(
@@ -460,6 +556,13 @@ def main(argv: list[str] | None = None) -> int:
         written["monitoring"] = mon
         # a run of both monitoring benchmarks replaces the section; a run of one updates its keys
         write_results(args.out, mon, replace=set(MONITORING) <= which, name="monitoring")
+    dbs = ["sqlite"] if args.prefect_only_sqlite else ["postgresql", *(["sqlite"] if args.prefect_sqlite else [])]
+    pre = run_prefect(which, args.quick, dbs, args.prefect_profile, errors)
+    if pre:
+        stamp(pre, args.quick)
+        written["prefect"] = pre
+        # a run of both prefect benchmarks on PostgreSQL replaces the section; others update their keys
+        write_results(args.out, pre, replace=set(PREFECT) <= which and "postgresql" in dbs, name="prefect")
     if written:
         print(f"wrote {', '.join(written)} to {args.out}", flush=True)
 
