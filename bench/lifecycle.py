@@ -139,6 +139,36 @@ class Platform:
                 self.tmp.cleanup()
 
 
+class Submitter:
+    """``submit(i)`` submits bench job ``<prefix>-<i>`` (1 GPU, ``command``, user ``bench``) and
+    returns its id, or None after logging a failure (the run goes on and counts it). Safe to
+    call from a thread pool: one ApiaryClient per thread, all closed by :meth:`close`."""
+
+    def __init__(self, api_url: str, prefix: str, command: str, width: int = 5) -> None:
+        self.api_url, self.prefix, self.command, self.width = api_url, prefix, command, width
+        self._local = threading.local()
+        self._clients: list[ApiaryClient] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, i: int) -> str | None:
+        c = getattr(self._local, "client", None)
+        if c is None:
+            c = self._local.client = ApiaryClient(self.api_url, timeout=120)
+            with self._lock:
+                self._clients.append(c)
+        try:
+            return c.submit(job_yaml(f"{self.prefix}-{i:0{self.width}d}", self.command), user="bench")["id"]
+        except Exception as e:  # counted and reported by the caller; the run goes on
+            logger.warning("submit %d failed: %s", i, e)
+            return None
+
+    def close(self) -> None:
+        with self._lock:
+            for c in self._clients:
+                c.close()
+            self._clients.clear()
+
+
 def start_platform(
     nodes: int, gpus_per_node: int, *, prefect: bool, ready_timeout_s: float = 120.0, env: dict[str, str] | None = None
 ) -> Platform:
@@ -398,22 +428,7 @@ def measure_concurrent(
     try:
         logger.info("concurrent: platform up in %.1f s", plat.startup_s)
         time.sleep(settle_s)
-        stamp = int(time.time())
-        local = threading.local()
-        clients: list[ApiaryClient] = []
-        lock = threading.Lock()
-
-        def submit(i: int) -> str | None:
-            c = getattr(local, "client", None)
-            if c is None:
-                c = local.client = ApiaryClient(emb.api_url, timeout=120)
-                with lock:
-                    clients.append(c)
-            try:
-                return c.submit(job_yaml(f"conc-{stamp}-{i:04d}", f"sleep {sleep_s:g}"), user="bench")["id"]
-            except Exception as e:  # counted and reported; the run goes on
-                logger.warning("submit %d failed: %s", i, e)
-                return None
+        submit = Submitter(emb.api_url, f"conc-{int(time.time())}", f"sleep {sleep_s:g}", width=4)
 
         with RssSampler(emb, rss_period_s) as sampler:
             t0 = time.monotonic()
@@ -421,8 +436,7 @@ def measure_concurrent(
                 ids = [x for x in pool.map(submit, range(jobs)) if x]
             res.submit_s = time.monotonic() - t0
             res.submit_errors = jobs - len(ids)
-            for c in clients:
-                c.close()
+            submit.close()
             logger.info("concurrent: %d jobs submitted in %.1f s", len(ids), res.submit_s)
             # Running count and completion, from the job list.
             deadline = t0 + finish_timeout_s

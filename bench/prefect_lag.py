@@ -38,7 +38,6 @@ import json
 import logging
 import os
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -509,23 +508,7 @@ def measure_lag(
                 logger.info("lag[%s]: platform up in %.1f s; prefect %s", database, plat.startup_s, api)
                 time.sleep(settle_s)
                 meter = CpuMeter(emb, pg.pid() if pg else None)
-                local = threading.local()
-                clients: list[ApiaryClient] = []
-                lock = threading.Lock()
-                stamp = int(time.time())
-                ids: list[str] = []
-
-                def submit(i: int) -> str | None:
-                    c = getattr(local, "client", None)
-                    if c is None:
-                        c = local.client = ApiaryClient(emb.api_url, timeout=120)
-                        with lock:
-                            clients.append(c)
-                    try:
-                        return c.submit(lifecycle.job_yaml(f"lag-{stamp}-{i:05d}", command), user="bench")["id"]
-                    except Exception as e:
-                        logger.warning("submit %d failed: %s", i, e)
-                        return None
+                submit = lifecycle.Submitter(emb.api_url, f"lag-{int(time.time())}", command)
 
                 meter.start()
                 t_wall0 = time.time()
@@ -539,8 +522,7 @@ def measure_lag(
                         futs.append(pool.submit(submit, i))
                     ids = [x for x in (f.result() for f in futs) if x]
                 submit_s = time.monotonic() - t0
-                for c in clients:
-                    c.close()
+                submit.close()
                 res.submitted, res.submit_errors = len(ids), n - len(ids)
                 if not ids:
                     raise RuntimeError(f"lag[{database}]: every one of {n} submissions failed")
@@ -651,22 +633,7 @@ def measure_catch_up(
                 logger.info("catch_up[%s]: platform up in %.1f s", database, plat.startup_s)
                 time.sleep(settle_s)
                 meter = CpuMeter(emb, pg.pid() if pg else None)
-                local = threading.local()
-                clients: list[ApiaryClient] = []
-                lock = threading.Lock()
-                stamp = int(time.time())
-
-                def submit(i: int) -> str | None:
-                    c = getattr(local, "client", None)
-                    if c is None:
-                        c = local.client = ApiaryClient(emb.api_url, timeout=120)
-                        with lock:
-                            clients.append(c)
-                    try:
-                        return c.submit(lifecycle.job_yaml(f"burst-{stamp}-{i:05d}", command), user="bench")["id"]
-                    except Exception as e:
-                        logger.warning("submit %d failed: %s", i, e)
-                        return None
+                submit = lifecycle.Submitter(emb.api_url, f"burst-{int(time.time())}", command)
 
                 meter.start()
                 t_wall0 = time.time()
@@ -674,8 +641,7 @@ def measure_catch_up(
                 with cf.ThreadPoolExecutor(submit_threads, thread_name_prefix="submit") as pool:
                     ids = [x for x in pool.map(submit, range(jobs)) if x]
                 res.submit_s = time.monotonic() - t0
-                for c in clients:
-                    c.close()
+                submit.close()
                 res.submitted, res.submit_errors = len(ids), jobs - len(ids)
                 if not ids:
                     raise RuntimeError(f"catch_up[{database}]: every one of {jobs} submissions failed")
