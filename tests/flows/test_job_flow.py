@@ -150,4 +150,5 @@ def test_serve_builds_the_deployments_with_a_form_and_no_schedule():
     assert "protocolVersion" not in props and "type" not in props  # constants are filled in, not asked
     assert props["priority_class"]["enum"] == ["crit", "prod", "test", "oppo"]
     assert submit.parameters["api_url"] == fake.url and submit.parameters["task_roles"][0]["gpus"] == 1
-    assert set(job._parameter_openapi_schema.model_dump()["properties"]) == {"job_id", "api_url"}
+    assert set(job._parameter_openapi_schema.model_dump()["properties"]) == {"job_id"}
+    assert "api_url" not in props  # the platform fills it in; the form does not ask

@@ -195,7 +195,7 @@ def _yaml_name(text: Any) -> str | None:
 #: Titles the run form shows for the ``submit`` flow's own fields (Prefect titles them by the
 #: parameter's Python name otherwise).
 _TITLES = {"name": "Job name", "user": "User", "virtual_cluster": "Virtual cluster", "task_roles": "Task roles",
-           "priority_class": "Priority class", "retries": "Retries", "api_url": "Apiary API URL",
+           "priority_class": "Priority class", "retries": "Retries",
            "job_yaml": "OpenPAI job (YAML)", "job_id": "Job id"}
 
 
@@ -206,12 +206,17 @@ def form_schema(schema: dict[str, Any], virtual_clusters: list[str] | None = Non
     Python names and drops their constraints; this puts back the titles, the name pattern,
     ``minItems`` of the task roles, and, when ``virtual_clusters`` is given (the cluster's VC
     names, read from Apiary when the deployment is served), an ``enum`` so the form offers a
-    drop-down. Returns a new dict; ``schema`` is not changed.
+    drop-down. ``api_url`` is left out of the form: the platform's serve process knows it
+    (``APIARY_API_URL``, or the deployment's default), and an ML engineer has nothing to put there.
+    Returns a new dict; ``schema`` is not changed.
     """
     import copy
 
     out = copy.deepcopy(schema)
     props = out.get("properties", {})
+    props.pop("api_url", None)
+    if "required" in out:
+        out["required"] = [k for k in out["required"] if k != "api_url"]
     for key, title in _TITLES.items():
         if key in props:
             props[key]["title"] = title
