@@ -212,6 +212,19 @@ def _tree(pid: int, with_children: bool) -> list[psutil.Process]:
         return []
 
 
+def cpu_seconds(procs: list[psutil.Process], children: bool = True) -> float:
+    """User + system CPU seconds of ``procs`` (and of their reaped children when ``children``);
+    a process that is gone counts 0."""
+    s = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        s += t.user + t.system + ((t.children_user + t.children_system) if children else 0.0)
+    return s
+
+
 def platform_processes(emb: Embedded) -> dict[str, list[psutil.Process]]:
     """The processes whose RSS is summed, by component (see :data:`RSS_CHILDREN`)."""
     out: dict[str, list[psutil.Process]] = {}

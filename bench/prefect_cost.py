@@ -57,6 +57,9 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="prefect-cost-client-"))
 
+import lifecycle  # noqa: E402  (bench/, on sys.path above)
+
+
 @dataclass
 class _TaskShape:
     """The attributes ``PrefectClient.create_task_run`` reads from a ``prefect.Task`` (there is no
@@ -73,25 +76,11 @@ class _TaskShape:
 STRATEGIES = ("current", "states", "states-running", "states-final", "events", "events-nosummary")
 
 
-def _cpu(procs: list[psutil.Process], children: bool = True) -> float:
-    s = 0.0
-    for p in procs:
-        try:
-            t = p.cpu_times()
-        except psutil.Error:
-            continue
-        s += t.user + t.system + ((t.children_user + t.children_system) if children else 0.0)
-    return s
+_cpu = lifecycle.cpu_seconds
 
 
 def _tree(pid: int | None) -> list[psutil.Process]:
-    if pid is None:
-        return []
-    try:
-        p = psutil.Process(pid)
-        return [p, *p.children(recursive=True)]
-    except psutil.Error:
-        return []
+    return [] if pid is None else lifecycle._tree(pid, True)
 
 
 async def mirror(api: str, strategy: str, jobs: int, concurrency: int, chunk: int) -> float:

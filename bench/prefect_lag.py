@@ -133,19 +133,7 @@ class CpuMeter:
         return out
 
     def snapshot(self) -> dict[str, float]:
-        totals: dict[str, float] = {}
-        for name, (procs, with_children) in self._procs().items():
-            s = 0.0
-            for p in procs:
-                try:
-                    t = p.cpu_times()
-                except psutil.Error:
-                    continue
-                s += t.user + t.system
-                if with_children:
-                    s += t.children_user + t.children_system
-            totals[name] = s
-        return totals
+        return {name: lifecycle.cpu_seconds(procs, kids) for name, (procs, kids) in self._procs().items()}
 
     def start(self) -> None:
         self.t0 = time.monotonic()

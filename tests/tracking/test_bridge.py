@@ -411,3 +411,18 @@ def test_attached_run_gets_the_job_tags_and_never_loses_its_final_state(server, 
     src.emit("fay~ui", "task.started", {"attempt": 0, "taskRole": "train", "index": 0, "node": "n1", "gpus": [0]})
     asyncio.run(bridge.sync_once())
     assert asyncio.run(_run_of(server.api_url, "fay~ui")).state_name == "Completed"
+
+
+def test_a_version_1_state_file_is_read_with_its_open_task_runs_named_as_created(tmp_path):
+    state = tmp_path / "b.json"
+    state.write_text(json.dumps({"version": 1, "cursor": 7, "jobs": {"gil~old": {
+        "flowRunId": "3f1c8e0e-0000-4000-8000-000000000001", "owned": True, "lastSeq": 7, "done": False,
+        "running": True, "open": {"queue:1": "a", "run:train:0": "b"}, "inst": {}, "logOff": {}, "user": "gil"}}}))
+    bridge = PrefectBridge(MemoryEventSource(), "http://127.0.0.1:9/api", state)
+    assert bridge.cursor == 7 and bridge.state["version"] == 2
+    job = bridge.state["jobs"]["gil~old"]
+    assert job["open"] == {
+        "queue:1": {"id": "a", "name": "queue@1", "dynamicKey": "queue:1", "attempt": 1},
+        "run:train:0": {"id": "b", "name": "run-train", "dynamicKey": "run:train:0", "attempt": 0},
+    }
+    assert "submitted" in job  # not bootstrapped again: its run exists

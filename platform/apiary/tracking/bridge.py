@@ -38,9 +38,11 @@ then written flow-run states first: each touched job's run is created or set to 
 has now, once per batch however many events it had (``concurrency`` jobs at a time); then the
 batch's task run changes go in ONE ``POST /events`` as ``prefect.task-run.*`` events (the way
 Prefect's own task engine reports task runs: the server's task run recorder writes them), its
-log rows in one ``POST /logs/`` per 500, and one summary artifact per finished job. A plain job
-costs two flow-run requests (create, final state; three when it is seen while running) and a
-share of three bulk requests, where one request per step cost ~14.
+log rows in one ``POST /logs/`` per 500; finished jobs' summary artifacts wait in the state
+file until a pass has caught up with the events. A plain job
+costs one to three flow-run requests (one when the bridge first sees it over; created
+"Submitted", Running and final when it sees each step) and a share of two bulk requests, plus its
+summary, where one request per step cost ~14.
 
 Idempotence: ``state_path`` (JSON, replaced atomically) holds the cursor (every event with
 ``seq <= cursor`` is done) and per job its record: the last seq done, its flow run id, open task
@@ -188,10 +190,7 @@ class PrefectBridge:
             return {"version": STATE_VERSION, "cursor": 0, "jobs": {}}
         if data.get("version") == 1:  # open task runs were bare ids; a job's "submitted" was implied
             for job in data.get("jobs", {}).values():
-                job["open"] = {
-                    k: {"id": v, "name": k, "dynamicKey": k, "attempt": int(k.rsplit(":", 1)[1])}
-                    for k, v in (job.get("open") or {}).items()
-                }
+                job["open"] = {k: _v1_open(k, v) for k, v in (job.get("open") or {}).items()}
                 if job.get("flowRunId"):
                     job.setdefault("submitted", {})
             data["version"] = STATE_VERSION
@@ -891,7 +890,7 @@ class PrefectBridge:
                 tr,
                 {
                     "type": ptype,
-                    "name": _FINAL_NAMES.get(ptype, ptype.title()),
+                    "name": states.FINAL_NAMES[ptype],
                     "message": message,
                     "time": ev.get("time"),
                 },
@@ -1080,7 +1079,6 @@ class _Out:
     ships: list[tuple] = field(default_factory=list)  # instance output to read from Apiary
 
 
-_FINAL_NAMES = {"COMPLETED": "Completed", "FAILED": "Failed", "CANCELLED": "Cancelled", "CRASHED": "Crashed"}
 # TaskRun fields the task run recorder fills itself (the exclusions of Prefect's own task engine).
 _EVENT_TASK_RUN_EXCLUDE = {
     "id",
@@ -1094,6 +1092,16 @@ _EVENT_TASK_RUN_EXCLUDE = {
     "estimated_start_time_delta",
     "estimated_run_time",
 }
+
+
+def _v1_open(key: str, task_run: str) -> dict[str, Any]:
+    """An open task run of a version 1 state file (``key`` ``queue:<attempt>`` or
+    ``run:<role>:<attempt>`` -> its id) as version 2 records it. The name is the one it was created
+    with; its start time was not kept, so its end is recorded as its start."""
+    parts = key.split(":")
+    attempt = int(parts[-1])
+    name = "queue" if parts[0] == "queue" else f"run-{parts[1]}"
+    return {"id": task_run, "name": name + _suffix(attempt), "dynamicKey": key, "attempt": attempt}
 
 
 def _spec_dict(spec: StateSpec) -> dict[str, str]:

@@ -36,11 +36,12 @@ from dataclasses import dataclass
 
 from apiary.lifecycle.exitspec import classify_exit
 
-__all__ = ["FINAL_TYPES", "StateSpec", "awaiting_retry", "final", "running", "submitted", "waiting"]
+__all__ = ["FINAL_NAMES", "FINAL_TYPES", "StateSpec", "awaiting_retry", "final", "running", "submitted", "waiting"]
 
 #: Apiary's final job state -> Prefect state type.
 FINAL_TYPES = {"SUCCEEDED": "COMPLETED", "FAILED": "FAILED", "STOPPED": "CANCELLED"}
-_FINAL_NAMES = {"COMPLETED": "Completed", "FAILED": "Failed", "CANCELLED": "Cancelled"}
+#: Prefect terminal state type -> the name the UI shows.
+FINAL_NAMES = {"COMPLETED": "Completed", "FAILED": "Failed", "CANCELLED": "Cancelled"}
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class StateSpec:
     @property
     def final(self) -> bool:
         """True for COMPLETED, FAILED and CANCELLED."""
-        return self.type in _FINAL_NAMES
+        return self.type in FINAL_NAMES
 
 
 def submitted(user: str | None, virtual_cluster: str | None, priority_class: str | None) -> StateSpec:
@@ -102,4 +103,4 @@ def final(state: str, exit_code: int | None, attempt: int | None = None, stopped
         info = classify_exit(int(exit_code))
         meaning = f"{info.phrase} ({info.type})" + (f": {info.reason}" if info.reason else "")
         message = f"job FAILED, exit code {exit_code}: {meaning}{tail}"
-    return StateSpec(ptype, _FINAL_NAMES[ptype], message)
+    return StateSpec(ptype, FINAL_NAMES[ptype], message)
