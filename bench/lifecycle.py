@@ -33,6 +33,12 @@ from apiary.embedded import Embedded
 
 logger = logging.getLogger("bench.lifecycle")
 
+#: The user every benchmark submits as (created by start_platform, group default: every VC).
+BENCH_USER = "bench"
+#: The benchmarks measure throughput, not the per-user rate limiter: lift it far above any rate
+#: they reach (the defaults, 600 calls/min and 3,600 submissions/h, would refuse them).
+UNLIMITED = {"APIARY_RATE_CALLS": "10000000/minute", "APIARY_RATE_SUBMITS": "10000000/hour"}
+
 FINAL_STATES = ("SUCCEEDED", "FAILED", "STOPPED")
 # Processes summed for the RSS figure: (supervisor child, whether its descendants count).
 # The agent's descendants are the tasks themselves (bash wrapper, bash script, the user's sleep),
@@ -118,9 +124,10 @@ class Platform:
     """A started Embedded in a temp home, with a client; :meth:`close` always stops it."""
 
     emb: Embedded
-    client: ApiaryClient
+    client: ApiaryClient  # as user ``bench`` (group default: every VC), with bench_token
     tmp: tempfile.TemporaryDirectory
     startup_s: float = 0.0
+    bench_token: str = ""
 
     def close(self) -> None:
         for name, child in self.emb.children.items():
@@ -140,12 +147,13 @@ class Platform:
 
 
 class Submitter:
-    """``submit(i)`` submits bench job ``<prefix>-<i>`` (1 GPU, ``command``, user ``bench``) and
-    returns its id, or None after logging a failure (the run goes on and counts it). Safe to
-    call from a thread pool: one ApiaryClient per thread, all closed by :meth:`close`."""
+    """``submit(i)`` submits bench job ``<prefix>-<i>`` (1 GPU, ``command``, as the user of
+    ``token``: ``bench``) and returns its id, or None after logging a failure (the run goes on and
+    counts it). Safe to call from a thread pool: one ApiaryClient per thread, all closed by
+    :meth:`close`."""
 
-    def __init__(self, api_url: str, prefix: str, command: str, width: int = 5) -> None:
-        self.api_url, self.prefix, self.command, self.width = api_url, prefix, command, width
+    def __init__(self, api_url: str, token: str, prefix: str, command: str, width: int = 5) -> None:
+        self.api_url, self.token, self.prefix, self.command, self.width = api_url, token, prefix, command, width
         self._local = threading.local()
         self._clients: list[ApiaryClient] = []
         self._lock = threading.Lock()
@@ -153,11 +161,11 @@ class Submitter:
     def __call__(self, i: int) -> str | None:
         c = getattr(self._local, "client", None)
         if c is None:
-            c = self._local.client = ApiaryClient(self.api_url, timeout=120)
+            c = self._local.client = ApiaryClient(self.api_url, timeout=120, token=self.token)
             with self._lock:
                 self._clients.append(c)
         try:
-            return c.submit(job_yaml(f"{self.prefix}-{i:0{self.width}d}", self.command), user="bench")["id"]
+            return c.submit(job_yaml(f"{self.prefix}-{i:0{self.width}d}", self.command))["id"]
         except Exception as e:  # counted and reported by the caller; the run goes on
             logger.warning("submit %d failed: %s", i, e)
             return None
@@ -180,13 +188,20 @@ def start_platform(
     cfg.write_text(cluster_config(nodes, gpus_per_node))
     workdir = root / "work"
     workdir.mkdir()
-    emb = Embedded(home=root / "home", cluster=cfg, prefect=prefect, workdir=str(workdir), env=dict(env or {}))
+    emb = Embedded(home=root / "home", cluster=cfg, prefect=prefect, workdir=str(workdir),
+                   env={**UNLIMITED, **(env or {})})
     t0 = time.monotonic()
     client: ApiaryClient | None = None
     try:
         emb.start()
         emb.start_supervisor()
-        client = ApiaryClient(emb.api_url, timeout=60)
+        admin = emb.client(timeout=60)
+        admin.create_user(BENCH_USER)
+        # The benchmarks submit thousands of jobs as one user: no expiry, and far above the
+        # per-user rate limits (the children get APIARY_RATE_* from env).
+        token = admin.create_token(BENCH_USER, description="bench", expires_in_s=None)["token"]
+        admin.close()
+        client = ApiaryClient(emb.api_url, timeout=60, token=token)
         deadline = time.monotonic() + ready_timeout_s
         while True:
             ready = [n for n in client.nodes() if n.get("ready")]
@@ -201,7 +216,7 @@ def start_platform(
         emb.stop()
         tmp.cleanup()
         raise
-    return Platform(emb, client, tmp, time.monotonic() - t0)
+    return Platform(emb, client, tmp, time.monotonic() - t0, token)
 
 
 def _tree(pid: int, with_children: bool) -> list[psutil.Process]:
@@ -341,7 +356,7 @@ def measure_start_latency(
         for i in range(warmup + samples):
             name = f"lat-{stamp}-{i:04d}"
             t_client = time.time()
-            job = plat.client.submit(job_yaml(name, "sleep 0.2"), user="bench")
+            job = plat.client.submit(job_yaml(name, "sleep 0.2"))
             started = _wait_started(plat.client, job["id"], per_job_timeout_s, poll_s)
             t_seen = time.time()
             start = parse_iso(started["tasks"][0]["startTime"])
@@ -441,7 +456,7 @@ def measure_concurrent(
     try:
         logger.info("concurrent: platform up in %.1f s", plat.startup_s)
         time.sleep(settle_s)
-        submit = Submitter(emb.api_url, f"conc-{int(time.time())}", f"sleep {sleep_s:g}", width=4)
+        submit = Submitter(emb.api_url, plat.bench_token, f"conc-{int(time.time())}", f"sleep {sleep_s:g}", width=4)
 
         with RssSampler(emb, rss_period_s) as sampler:
             t0 = time.monotonic()
@@ -536,10 +551,10 @@ def measure_queued_submissions(jobs: int = 500, *, nodes: int = 2) -> QueuedResu
     try:
         stamp = int(time.time())
         for i in range(nodes):
-            plat.client.submit(job_yaml(f"hold-{stamp}-{i}", "sleep 600"), user="bench")
+            plat.client.submit(job_yaml(f"hold-{stamp}-{i}", "sleep 600"))
         for i in range(jobs):
             t0 = time.perf_counter()
-            plat.client.submit(job_yaml(f"q-{stamp}-{i:04d}", "sleep 1"), user="bench")
+            plat.client.submit(job_yaml(f"q-{stamp}-{i:04d}", "sleep 1"))
             dt = time.perf_counter() - t0
             if i < 50:
                 res.shallow.append(dt)

@@ -496,7 +496,7 @@ def measure_lag(
                 logger.info("lag[%s]: platform up in %.1f s; prefect %s", database, plat.startup_s, api)
                 time.sleep(settle_s)
                 meter = CpuMeter(emb, pg.pid() if pg else None)
-                submit = lifecycle.Submitter(emb.api_url, f"lag-{int(time.time())}", command)
+                submit = lifecycle.Submitter(emb.api_url, plat.bench_token, f"lag-{int(time.time())}", command)
 
                 meter.start()
                 t_wall0 = time.time()
@@ -621,7 +621,7 @@ def measure_catch_up(
                 logger.info("catch_up[%s]: platform up in %.1f s", database, plat.startup_s)
                 time.sleep(settle_s)
                 meter = CpuMeter(emb, pg.pid() if pg else None)
-                submit = lifecycle.Submitter(emb.api_url, f"burst-{int(time.time())}", command)
+                submit = lifecycle.Submitter(emb.api_url, plat.bench_token, f"burst-{int(time.time())}", command)
 
                 meter.start()
                 t_wall0 = time.time()

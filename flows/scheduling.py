@@ -15,6 +15,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_table_artifact
 
 from apiary.errors import PlatformError
+from apiary.tracking.source import service_headers
 from apiary.tracking.submit import resolve_api_url, run_scheduler_cycle
 
 
@@ -23,7 +24,7 @@ async def scheduling_loop(api_url: str | None = None, cycles: int = 60, interval
     """Run ``cycles`` scheduler cycles ``interval_s`` apart; return one row per cycle."""
     log = get_run_logger()
     rows: list[dict] = []
-    async with httpx.AsyncClient(base_url=resolve_api_url(api_url), timeout=30.0) as client:
+    async with httpx.AsyncClient(base_url=resolve_api_url(api_url), timeout=30.0, headers=service_headers()) as client:
         for cycle in range(cycles):
             try:
                 result = await run_scheduler_cycle(client)

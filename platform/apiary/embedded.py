@@ -29,6 +29,8 @@ from pathlib import Path
 
 import httpx
 
+from apiary.auth.bootstrap import read_token
+from apiary.client import ApiaryClient
 from apiary.control.config import check_cluster_config
 from apiary.errors import PlatformError, PortInUseError, UnavailableError
 from apiary.procutil import die_with_parent, port_in_use
@@ -118,6 +120,10 @@ class Embedded:
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.api_port}"
 
+    def client(self, timeout: float = 30.0) -> ApiaryClient:
+        """A client of this platform with its first admin's token (``home/token``)."""
+        return ApiaryClient(self.api_url, timeout=timeout, token=read_token(self.home / "token"))
+
     @property
     def ui_url(self) -> str | None:
         if self.prefect_server:
@@ -170,7 +176,7 @@ class Embedded:
         (run / "api_url").write_text(self.api_url)
         # Every node agent serves /metrics on a port fixed here, so a restarted agent keeps its
         # Prometheus target.
-        nodes = [n["name"] for n in httpx.get(f"{self.api_url}/api/v2/nodes", timeout=30).json()]
+        nodes = [n["name"] for n in self.client().nodes()]
         self.metrics_ports = {n: free_port() for n in nodes}
         self.children["agent"] = Child(
             "agent",
@@ -205,7 +211,8 @@ class Embedded:
         stack.write_targets(out / "targets" / "nodes.json",
                             {n: f"http://127.0.0.1:{p}/metrics" for n, p in self.metrics_ports.items()})
         am_cfg = stack.render_alertmanager(out, webhook_url=f"{self.api_url}/api/v2/alerts/webhook",
-                                           smtp_smarthost=self.smtp_smarthost)
+                                           smtp_smarthost=self.smtp_smarthost,
+                                           token_file=self.home / "credentials" / "alertmanager.token")
         self.children["prometheus"] = Child(
             "prometheus", stack.prometheus_argv(binaries.prometheus, prom_cfg, out / "prometheus-data", prom_port),
             base, logs / "prometheus.log")
@@ -233,6 +240,9 @@ class Embedded:
         else:
             api = self.prefect_api_url
         penv = {**base, **prefect_env(self.home / "prefect", api), "APIARY_API_URL": self.api_url}
+        # The bridge and the flows call Apiary with the bridge's service token (the control plane
+        # wrote it before its port opened), never with the admin's.
+        penv["APIARY_TOKEN"] = read_token(self.home / "credentials" / "bridge.token") or ""
         # A SQLite-backed server answers 503 to more than ~2 concurrent writers; PostgreSQL takes
         # 8, and the bridge then keeps up with bursts it would trail at 2 (bench/README.md).
         on_pg = bool(self.prefect_server and (self.prefect_server.database_url or "").startswith("postgresql"))

@@ -70,6 +70,22 @@ class ConflictError(UserError):
     code = "ConflictJobError"
 
 
+class UnauthorizedError(UserError):
+    """No credential, or one Apiary does not accept (unknown, expired, revoked). HTTP 401, with
+    ``WWW-Authenticate: Bearer`` (RFC 6750)."""
+
+    status_code = 401
+    code = "UnauthorizedUserError"
+
+
+class ForbiddenError(UserError):
+    """The caller is known but may not do this (another user's job, a VC no group grants, an
+    admin-only route, another node's agent). HTTP 403."""
+
+    status_code = 403
+    code = "ForbiddenUserError"
+
+
 class QuotaExceededError(UserError):
     """A gang job larger than its virtual cluster (OpenPAI rejects it at submission)."""
 
@@ -77,10 +93,39 @@ class QuotaExceededError(UserError):
 
 
 class TooManyRequestsError(UserError):
-    """The caller sent too much (a queue or rate limit is full); retry later. HTTP 429."""
+    """The caller sent too much (a queue or rate limit is full); retry later. HTTP 429.
+
+    ``retry_after`` is how long to wait, in whole seconds (>= 1), where the limit knows it (a rate
+    limit's window, :mod:`apiary.api.guards`); the API sends it as the ``Retry-After`` header
+    (RFC 9110 section 10.2.3). None where unknown (a full queue): no header.
+    """
 
     status_code = 429
     code = "TooManyRequestsError"
+
+    def __init__(self, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class PayloadTooLargeError(UserError):
+    """A request body over the API's size limit (``APIARY_MAX_BODY_BYTES``). HTTP 413.
+
+    ``limit_bytes`` is the limit in bytes. The body is ``{"code", "message", "field": "body"}``,
+    the shape of a :class:`ValidationError`'s, so clients read one shape for every rejected body.
+    """
+
+    status_code = 413
+    code = "PayloadTooLarge"
+    field = "body"
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        super().__init__(f"request body larger than {limit_bytes} bytes (the limit, APIARY_MAX_BODY_BYTES)")
+
+    def to_dict(self) -> dict:
+        """``{"code": "PayloadTooLarge", "message": str, "field": "body"}``."""
+        return {**super().to_dict(), "field": self.field}
 
 
 class PortInUseError(UserError):
@@ -149,6 +194,8 @@ def error_from_response(
     ======================  ====================================================================
     400, 422                :class:`ValidationError`; ``field`` from the body's ``field``, else
                             from a ``"field: reason"`` message, else ``""``
+    401                     :class:`UnauthorizedError`
+    403                     :class:`ForbiddenError`
     404                     :class:`NotFoundError`
     409                     :class:`ConflictError` (e.g. the job already exists)
     429                     :class:`TooManyRequestsError`
@@ -173,6 +220,10 @@ def error_from_response(
         prefix = f"{field}: "
         err = ValidationError(field, message[len(prefix):] if field and message.startswith(prefix) else message)
         err.message = message  # the server's words, also where they do not start with the field
+    elif status == 401:
+        err = UnauthorizedError(message)
+    elif status == 403:
+        err = ForbiddenError(message)
     elif status == 404:
         err = NotFoundError(message)
     elif status == 409:

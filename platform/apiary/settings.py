@@ -60,6 +60,17 @@ class Settings(BaseSettings):
         description="HiveD lazy preemption: downgrade victims to opportunistic, stop them only if needed.",
     )
     tick_s: float = Field(default=1.0, description="Scheduling-loop period when nothing wakes it earlier, seconds.")
+    token: str | None = Field(
+        default=None, description="Bearer token of CLI and client calls; default the file home/token (apiary login)."
+    )
+    users_file: Path | None = Field(
+        default=None, description="Static YAML of groups and users that apiary up seeds (apiary.auth.bootstrap)."
+    )
+    metrics_public: bool = Field(default=True, description="Serve /metrics without a token (Prometheus scrapes it).")
+    max_body_bytes: int = Field(default=1_048_576, description="Largest request body the API reads; larger is 413.")
+    max_instances: int = Field(default=1000, description="Most task instances one job may have (all roles).")
+    rate_calls: str = Field(default="600/minute", description="API calls per user (limits notation; OpenPAI's).")
+    rate_submits: str = Field(default="3600/hour", description="Job submissions per user (limits notation).")
 
     @property
     def home_dir(self) -> Path:
@@ -76,6 +87,24 @@ class Settings(BaseSettings):
     @property
     def run_dir(self) -> Path:
         return self.home_dir / "run"
+
+    @property
+    def token_path(self) -> Path:
+        """The CLI's token (``apiary login``; ``apiary up`` writes the first admin's), mode 0600."""
+        return self.home_dir / "token"
+
+    @property
+    def credentials_dir(self) -> Path:
+        """Machine credentials ``apiary up`` writes (mode 0600): ``agent-<node>.token``,
+        ``bridge.token``, ``alertmanager.token``."""
+        return self.home_dir / "credentials"
+
+    def resolved_token(self) -> str | None:
+        """``APIARY_TOKEN`` if set, else the file ``home/token``; None if neither."""
+        if self.token:
+            return self.token.strip()
+        path = self.token_path
+        return path.read_text(encoding="utf-8").strip() or None if path.exists() else None
 
     @property
     def cluster_path(self) -> Path:

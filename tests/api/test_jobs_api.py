@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from fastapi.testclient import TestClient
+from tests.support.auth import with_auth
 from tests.support.builders import job_text
 
 from apiary.api import create_app
@@ -68,7 +69,7 @@ def plane(tmp_path: Path, clock: Clock) -> ControlPlane:
 
 @pytest.fixture
 def client(plane: ControlPlane):
-    with TestClient(create_app(plane)) as c:
+    with with_auth(TestClient(create_app(plane)), plane) as c:
         yield c
 
 
@@ -82,7 +83,7 @@ def report(client: TestClient, node: str, runs: list[dict] | None = None) -> dic
 
 
 def submit(client: TestClient, text: str, user: str = "alice"):
-    return client.post("/api/v2/jobs", content=text, headers={"X-Apiary-User": user})
+    return client.post("/api/v2/jobs", content=text, headers={"X-Test-User": user})
 
 
 def assignment(client: TestClient, job_id: str) -> tuple[str, dict]:
@@ -246,8 +247,6 @@ BAD_SUBMITS = [
                  id="task-role-name-with-dash"),
     pytest.param(job_text(6, taskRoles__train__instances=4), "alice", 400,
                  "Job requests 4 SKUs, exceeds maximum 2 SKUs in VC default.", id="gang-quota-overflow"),
-    pytest.param(job_text(5), None, 400, "user", id="missing-user-header"),
-    pytest.param(job_text(5), "bad user!", 400, "user", id="invalid-user-name"),
     pytest.param(job_text(5, protocolVersion=3), "alice", 400, "protocolVersion", id="protocol-version-3"),
     pytest.param(job_text(5, taskRoles__train__dockerImage="nope"), "alice", 400, "taskRoles.train.dockerImage",
                  id="docker-image-not-a-prerequisite"),
@@ -260,7 +259,7 @@ def test_bad_submission_is_a_4xx_naming_the_field(
 ) -> None:
     before_jobs = client.get("/api/v2/jobs").json()
     before_events = client.get("/api/v2/events").json()
-    headers = {"X-Apiary-User": user} if user is not None else {}
+    headers = {"X-Test-User": user} if user is not None else {}
     r = client.post("/api/v2/jobs", content=body, headers=headers)
     assert r.status_code == status, r.text
     err = r.json()
@@ -324,16 +323,17 @@ def test_duplicate_submission_conflicts(client: TestClient) -> None:
     assert len(client.get("/api/v2/jobs").json()) == 2
 
 
-def test_user_may_come_from_the_query_string(client: TestClient) -> None:
-    r = client.post("/api/v2/jobs", params={"user": "bob"}, content=job_text(5))
+def test_the_user_is_the_token_s_never_a_query_or_header_the_client_sets(client: TestClient) -> None:
+    r = client.post("/api/v2/jobs", params={"user": "bob"}, content=job_text(5),
+                    headers={"X-Test-User": "alice", "X-Apiary-User": "bob"})
     assert r.status_code == 202
-    assert r.json()["id"] == "bob~job-config-5"
+    assert r.json()["id"] == "alice~job-config-5"
 
 
 def test_all_bad_inputs_in_a_row_leave_the_api_serving(client: TestClient) -> None:
     for p in BAD_SUBMITS:
         body, user, status, _ = p.values
-        r = client.post("/api/v2/jobs", content=body, headers={"X-Apiary-User": user} if user else {})
+        r = client.post("/api/v2/jobs", content=body, headers={"X-Test-User": user} if user else {})
         assert r.status_code == status
     assert client.get("/api/v2/jobs").json() == []
     assert client.get("/api/v2/events").json() == {"events": []}

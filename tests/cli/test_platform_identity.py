@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from apiary import embedded
 from apiary.api import create_app
+from apiary.auth import Directory, bootstrap
 from apiary.cli import main as cli
 from apiary.errors import PlatformError
 from apiary.procutil import port_in_use
@@ -29,10 +30,11 @@ MINE, OTHER = "11111111-1111-4111-8111-111111111111", "22222222-2222-4222-8222-2
 
 
 @pytest.fixture
-def platform(tmp_path: Path) -> Callable[[str], AbstractContextManager[str]]:
+def platform(tmp_path: Path, home: Path) -> Callable[[str], AbstractContextManager[str]]:
     """``with platform(cluster_id) as url``: a real control-plane app (over a Harness plane) that
-    answers ``cluster_id`` in /healthz."""
+    answers ``cluster_id`` in /healthz; the home holds its admin's token, as after ``apiary up``."""
     plane = Harness(tmp_path).plane
+    bootstrap(Directory(plane.sessions), home, nodes=[], virtual_clusters=plane.cluster.virtual_clusters)
     return lambda cluster_id: serving(create_app(plane, cluster_id=cluster_id))
 
 

@@ -77,7 +77,7 @@ def test_node_list_keeps_long_names_whole(answers) -> None:
 
 def test_job_submit_prints_the_id_on_one_line(answers, tmp_path) -> None:
     answers["/api/v2/jobs"] = job(HUGE_ID)
-    result = CliRunner().invoke(cli.app, ["job", "submit", str(LAB6 / "job-config-0.yaml"), "--user", "bob"])
+    result = CliRunner().invoke(cli.app, ["job", "submit", str(LAB6 / "job-config-0.yaml")])
     assert result.exit_code == 0 and result.output == HUGE_ID + "\n"
 
 

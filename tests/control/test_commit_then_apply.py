@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from tests.support.auth import with_auth
 from tests.support.builders import job_text
 from tests.support.plane import CAROL, DAN, Harness
 
@@ -115,15 +116,15 @@ def test_a_full_disk_for_a_while_loses_nothing_and_strands_no_job(h1: Harness) -
 
 
 def test_the_api_answers_503_with_the_cause_while_the_store_cannot_commit(h1: Harness) -> None:
-    client = TestClient(create_app(h1.plane))
+    client = with_auth(TestClient(create_app(h1.plane)), h1.plane)
     body, user = in_default(0, "alice")
     h1.fault.failing = True
-    r = client.post("/api/v2/jobs", content=body, headers={"X-Apiary-User": user})
+    r = client.post("/api/v2/jobs", content=body, headers={"X-Test-User": user})
     assert r.status_code == 503
     assert r.json()["code"] == "UnavailableError" and DISK_FULL in r.json()["message"]
     assert client.get("/api/v2/jobs").json() == []
     h1.fault.failing = False
-    r = client.post("/api/v2/jobs", content=body, headers={"X-Apiary-User": user})
+    r = client.post("/api/v2/jobs", content=body, headers={"X-Test-User": user})
     assert r.status_code == 202 and r.json()["state"] == "WAITING"
 
 

@@ -51,6 +51,9 @@ def test_run_demo_says_the_prefect_ui_ends_with_it_and_reports_once(monkeypatch:
         def __init__(self, **kw: object) -> None:
             pass
 
+        def client(self) -> None:
+            return None
+
         def __enter__(self) -> FakePlatform:
             return self
 
@@ -59,7 +62,7 @@ def test_run_demo_says_the_prefect_ui_ends_with_it_and_reports_once(monkeypatch:
 
     monkeypatch.setattr(lab6, "start_prefect_server", lambda home: FakePrefect())
     monkeypatch.setattr(lab6, "Embedded", FakePlatform)
-    monkeypatch.setattr(lab6, "run_scenarios", lambda url, scenarios, sleep_s: [
+    monkeypatch.setattr(lab6, "run_scenarios", lambda admin, scenarios, sleep_s: [
         Outcome(name, True, f"observed {name}") for name, _ in scenarios])
     console = Console(file=io.StringIO(), force_terminal=False, width=80)
     assert lab6.run_demo(console, prefect=True) is True

@@ -76,7 +76,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(get: Callable[[], str] | None = None, posts: list | None = None) -> ThreadingHTTPServer:
+def _serve(get: Callable[[], str] | None = None, posts: list | None = None,
+           auth: list | None = None) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             body = (get() if get else "").encode()
@@ -90,6 +91,8 @@ def _serve(get: Callable[[], str] | None = None, posts: list | None = None) -> T
             data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             if posts is not None:
                 posts.append(json.loads(data))
+            if auth is not None:
+                auth.append(self.headers.get("Authorization"))
             self.send_response(200)
             self.send_header("Content-Length", "0")
             self.end_headers()
@@ -139,9 +142,13 @@ def _fast_routes(route: dict) -> None:
         _fast_routes(child)
 
 
+WEBHOOK_TOKEN = "apiary_0123456789ab_" + "x" * 43
+
+
 class Stack:
     def __init__(self, prom_url: str, am_url: str, hook: list, procs: list, logs: list) -> None:
         self.prom_url, self.am_url, self.hook, self.procs, self.logs = prom_url, am_url, hook, procs, logs
+        self.hook_auth: list[str | None] = []
 
     def wait(self, what: str, check: Callable[[], object]):
         return _wait_for(what, check, self.procs, self.logs)
@@ -166,15 +173,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         cp := _serve(_control_plane_metrics),
     ]
     hook_posts: list = []
-    servers.append(hook := _serve(posts=hook_posts))
+    hook_auth: list = []
+    servers.append(hook := _serve(posts=hook_posts, auth=hook_auth))
     am_port, prom_port = _free_port(), _free_port()
 
     # Alertmanager: the shipped file with the webhook on our sink and no real SMTP server.
     am_cfg = yaml.safe_load((ALERTMANAGER_DIR / "alertmanager.yml").read_text())
     am_cfg["global"]["smtp_smarthost"] = f"127.0.0.1:{_free_port()}"
+    (tmp / "alertmanager.token").write_text(WEBHOOK_TOKEN + "\n")
     for r in am_cfg["receivers"]:
         for w in r.get("webhook_configs", []):
             w["url"] = f"http://{_addr(hook)}/api/v2/alerts/webhook"
+            w["http_config"]["authorization"]["credentials_file"] = str(tmp / "alertmanager.token")
     _fast_routes(am_cfg["route"])
     (tmp / "am").mkdir()
     (tmp / "am" / "alertmanager.yml").write_text(yaml.safe_dump(am_cfg))
@@ -209,6 +219,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                  f"--web.listen-address=127.0.0.1:{prom_port}"],
                 stdout=out, stderr=subprocess.STDOUT))
         s = Stack(f"http://127.0.0.1:{prom_port}", f"http://127.0.0.1:{am_port}", hook_posts, procs, logs)
+        s.hook_auth = hook_auth
         s.wait("Alertmanager to be ready", lambda: urllib.request.urlopen(f"{s.am_url}/-/ready", timeout=2))
         s.wait("Prometheus to be ready", lambda: urllib.request.urlopen(f"{s.prom_url}/-/ready", timeout=2))
         yield s
@@ -260,6 +271,8 @@ def test_ecc_alert_reaches_the_webhook(stack: Stack) -> None:
     assert {(a["labels"]["node"], a["labels"]["gpu"]) for a in ecc()} == {("worker-0", "0")}
     firing = stack.query("ALERTS{alertstate=\"firing\"}")
     assert {s["metric"]["alertname"] for s in firing} == {"ApiaryGpuEccDoubleBitError"}, firing
+    # The shipped config sends the service token (Apiary answers 401 without it).
+    assert set(stack.hook_auth) == {f"Bearer {WEBHOOK_TOKEN}"}
 
 
 def test_node_down_inhibits_that_nodes_alerts(stack: Stack) -> None:

@@ -10,7 +10,7 @@ import pytest
 from tests.support.builders import LAB6
 from tests.support.polling import nodes_ready, until
 
-from apiary.client import ApiaryClient
+from apiary.client import Tenants
 from apiary.embedded import REPO_ROOT, Embedded
 
 
@@ -23,17 +23,17 @@ def _prefect_env(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture
-def platform_factory(tmp_path: Path) -> Callable[..., tuple[Embedded, ApiaryClient]]:
+def platform_factory(tmp_path: Path) -> Callable[..., tuple[Embedded, Tenants]]:
     """Start an embedded platform on a Lab 6 cluster config; stopped at teardown."""
     started: list[Embedded] = []
 
-    def start(cluster: str = "hived-config-two-vcs.yaml", prefect: bool = False, **kw) -> tuple[Embedded, ApiaryClient]:
+    def start(cluster: str = "hived-config-two-vcs.yaml", prefect: bool = False, **kw) -> tuple[Embedded, Tenants]:
         p = Embedded(home=tmp_path / f"home{len(started)}", cluster=LAB6 / cluster, prefect=prefect,
                      workdir=str(REPO_ROOT), **kw)
         started.append(p)
         p.start()
         p.start_supervisor(period_s=0.2)
-        c = ApiaryClient(p.api_url)
+        c = Tenants(p.client())
         until(lambda: nodes_ready(c, 2), 60, "node agents")
         return p, c
 

@@ -16,7 +16,7 @@ import pytest
 from tests.support.builders import LAB6, job_text
 from tests.support.polling import nodes_ready, task_running, until
 
-from apiary.client import ApiaryClient
+from apiary.client import Tenants
 from apiary.embedded import REPO_ROOT, Embedded
 from apiary.monitoring.stack import find_binaries
 
@@ -43,7 +43,7 @@ def test_ecc_fault_fires_alert_cordons_node_and_emails(tmp_path, smtp):
     try:
         p.start()
         p.start_supervisor(period_s=0.2)
-        c = ApiaryClient(p.api_url)
+        c = Tenants(p.client())
         until(lambda: nodes_ready(c, 2), 60, "node agents")
         prom = p.prometheus_url
         until(lambda: _up_targets(prom) >= 3, 60, "Prometheus scraping the control plane and both nodes")

@@ -41,7 +41,7 @@ from tests.support.browser import (
 from tests.support.builders import LAB6, job_text
 from tests.support.polling import nodes_ready, until
 
-from apiary.client import ApiaryClient
+from apiary.client import Tenants
 from apiary.embedded import REPO_ROOT, Embedded
 
 pytestmark = [pytest.mark.e2e, pytest.mark.prefect]
@@ -55,7 +55,7 @@ def platform(tmp_path_factory):
     p = Embedded(home=home, cluster=LAB6 / "hived-config-two-vcs.yaml", prefect=True, workdir=str(REPO_ROOT))
     p.start()
     try:
-        c = ApiaryClient(p.api_url)
+        c = Tenants(p.client())
         until(lambda: nodes_ready(c, 2), 60, "node agents")
         yield p, c
     finally:

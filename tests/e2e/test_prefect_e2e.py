@@ -18,7 +18,7 @@ import yaml
 from tests.support.builders import LAB6, job_text
 from tests.support.polling import nodes_ready, until
 
-from apiary.client import ApiaryClient
+from apiary.client import Tenants
 from apiary.embedded import REPO_ROOT, Embedded
 
 pytestmark = [pytest.mark.e2e, pytest.mark.prefect]
@@ -34,7 +34,7 @@ def platform(tmp_path_factory):
     os.environ.update({"PREFECT_API_URL": p.prefect_server.api_url, "PREFECT_HOME": str(home / "prefect"),
                        "DO_NOT_TRACK": "1"})
     PREFECT_API["url"] = p.prefect_server.api_url  # a restarted server keeps its port
-    c = ApiaryClient(p.api_url)
+    c = Tenants(p.client())
     until(lambda: nodes_ready(c, 2), 60, "node agents")
     yield p, c
     p.stop()

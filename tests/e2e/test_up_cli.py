@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -33,8 +34,15 @@ def up(tmp_path: Path):
         start_new_session=True,
     )
 
-    def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-        r = subprocess.run([*APIARY, *args], env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    def cli(*args: str, check: bool = True, token: str | None = None, stdin: str | None = None,
+            home_dir: Path | None = None, api_url: str | None = None) -> subprocess.CompletedProcess:
+        """``apiary ARGS`` as the home's admin (the token apiary up wrote), or with ``token``, or
+        from another home talking to ``api_url``."""
+        run_env = {**env, **({"APIARY_TOKEN": token} if token else {}),
+                   **({"APIARY_HOME": str(home_dir)} if home_dir else {}),
+                   **({"APIARY_API_URL": api_url} if api_url else {})}
+        r = subprocess.run([*APIARY, *args], env=run_env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                           input=stdin)
         if check:
             assert r.returncode == 0, f"apiary {' '.join(args)} -> {r.returncode}\n{r.stdout}\n{r.stderr}"
         return r
@@ -48,9 +56,16 @@ def up(tmp_path: Path):
         proc.wait(30)
 
 
+def user_token(cli, name: str, *groups: str) -> str:
+    """The admin creates ``name`` (in ``groups``, default the 'default' group) and a token for them."""
+    cli("user", "create", name, *[a for g in groups for a in ("--group", g)])
+    return cli("token", "create", "--user", name, "--description", "e2e").stdout.strip()
+
+
 def test_mnist_job_through_the_cli(up):
     proc, cli = up
-    job_id = cli("job", "submit", str(LAB6 / "job-config-0.yaml"), "--user", "alice").stdout.strip()
+    alice = user_token(cli, "alice")
+    job_id = cli("job", "submit", str(LAB6 / "job-config-0.yaml"), token=alice).stdout.strip()
     assert job_id == "alice~job-config-0"
     assert cli("job", "wait", job_id, "--timeout", "120").returncode == 0
     job = json.loads(cli("job", "get", job_id, "--json").stdout)
@@ -70,8 +85,9 @@ def test_mnist_job_through_the_cli(up):
 
 def test_stop_and_wait_exit_codes(up):
     proc, cli = up
-    job_id = cli("job", "submit", str(LAB6 / "job-config-1.yaml"), "--user", "bob").stdout.strip()
-    cli("job", "stop", job_id)
+    bob = user_token(cli, "bob")
+    job_id = cli("job", "submit", str(LAB6 / "job-config-1.yaml"), token=bob).stdout.strip()
+    cli("job", "stop", job_id, token=bob)
     r = cli("job", "wait", job_id, "--timeout", "60", check=False)
     assert r.returncode == 1 and "STOPPED" in r.stdout
     bad = cli("job", "submit", str(LAB6 / "hived-config-one-vc.yaml"), check=False)
@@ -118,3 +134,28 @@ def test_up_with_an_oversubscribed_vc_names_the_field_and_starts_nothing(tmp_pat
     assert "error (400): virtualClusters.default.virtualCells[0]: VC default does not fit" in err
     assert "(500)" not in err and not (home / "logs").exists()  # no child ever started
     assert subprocess.run(["pgrep", "-f", f"apiary .*{port}"], capture_output=True).returncode == 1
+
+
+def test_users_groups_grants_tokens_and_login_from_the_cli(up, tmp_path: Path):
+    """The admin (the token apiary up wrote to home/token) sets up a team with one VC; its member
+    logs in from another home and may submit only there; a revoked token stops at once."""
+    proc, cli = up
+    me = json.loads(cli("whoami", "--json").stdout)
+    assert me["name"] == "admin" and me["admin"] is True
+    cli("group", "create", "team-a", "--vc", "default")
+    carol = user_token(cli, "carol", "team-a")
+    team = next(g for g in json.loads(cli("group", "list", "--json").stdout) if g["name"] == "team-a")
+    assert team["members"] == ["carol"] and team["virtualClusters"] == ["default"]
+    as_carol = {"home_dir": tmp_path / "carol-home", "api_url": f"http://127.0.0.1:{proc.port}"}
+    assert "Logged in as user carol" in " ".join(cli("login", stdin=carol + "\n", **as_carol).stdout.split())
+    token_file = tmp_path / "carol-home" / "token"
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600 and token_file.read_text().strip() == carol
+    bad = cli("job", "submit", str(LAB6 / "job-config-0.yaml"), check=False, **as_carol)  # VC vc1
+    assert bad.returncode == 1
+    assert "User carol has no access to virtual cluster vc1." in " ".join(bad.stderr.split())
+    assert cli("job", "submit", str(LAB6 / "job-config-5.yaml"), **as_carol).stdout.strip() == "carol~job-config-5"
+    (mine,) = json.loads(cli("token", "list", "--json", **as_carol).stdout)
+    assert "token" not in mine and mine["subject"] == "carol"
+    cli("token", "revoke", mine["id"], **as_carol)
+    r = cli("whoami", check=False, **as_carol)
+    assert r.returncode == 1 and "401" in r.stderr

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from tests.support.auth import with_auth
 from tests.support.builders import LAB6, job_text
 
 from apiary.api import create_app
@@ -72,7 +73,7 @@ def test_ecc_alert_cordons_the_node_and_emails_the_admin_once(plane, smtp, chat,
         chat_webhook=url,
         rules=[Rule(match_re={"alertname": "GpuDoubleBitEcc.*"}, actions=["cordon-node", "email-admin", "chat"])],
     )
-    client = TestClient(create_app(plane, AlertReceiver(plane, config)))
+    client = with_auth(TestClient(create_app(plane, AlertReceiver(plane, config))), plane)
     body = payload("GpuDoubleBitEccError", severity="fatal", node="hostname-dan", gpu="0")
     r = client.post("/api/v2/alerts/webhook", json=body)
     assert r.status_code == 200
@@ -134,6 +135,6 @@ def test_bad_actions_config_names_the_field(tmp_path):
 
 
 def test_unsupported_payload_version_is_a_400(plane):
-    client = TestClient(create_app(plane, AlertReceiver(plane, ActionsConfig(), notifiers={})))
+    client = with_auth(TestClient(create_app(plane, AlertReceiver(plane, ActionsConfig(), notifiers={}))), plane)
     r = client.post("/api/v2/alerts/webhook", json={**payload("X"), "version": "3"})
     assert r.status_code == 400 and "version" in r.json()["message"]

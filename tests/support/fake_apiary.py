@@ -1,7 +1,8 @@
 """A tiny fake of Apiary's job API (FastAPI + uvicorn on loopback) for the flow and portal tests.
 
 Implements ``POST /api/v2/jobs`` (409 for a taken name), ``GET /api/v2/jobs/{id}``,
-``POST /api/v2/jobs/{id}/clone`` and ``GET /api/v2/cluster/status``, and records what it was
+``POST /api/v2/jobs/{id}/clone`` and ``GET /api/v2/cluster/status`` (the user of a submission is
+``X-Apiary-On-Behalf-Of``, as the bridge sends it; tokens are not checked), and records what it was
 sent. Jobs go WAITING -> RUNNING -> final on successive GETs; a name containing "fail" ends
 FAILED with exit code 1. The real control plane is exercised by tests/e2e.
 """
@@ -49,7 +50,8 @@ class FakeApiary:
             spec = json.loads(raw) if "json" in request.headers.get("content-type", "") else yaml.safe_load(raw)
             if not spec.get("taskRoles"):
                 return JSONResponse({"code": "InvalidParametersError", "message": "taskRoles: required"}, 400)
-            return accept(spec, request.headers.get("x-apiary-user"), request.headers.get("x-apiary-flow-run-id"))
+            return accept(spec, request.headers.get("x-apiary-on-behalf-of"),
+                          request.headers.get("x-apiary-flow-run-id"))
 
         @self.app.post("/api/v2/jobs/{job_id}/clone")
         async def clone(job_id: str, request: Request):

@@ -345,9 +345,28 @@ class Health(BaseModel):
     )
 
 
+#: Bounds of integer query parameters: the store's integers are 64-bit (a larger value would be
+#: an OverflowError, a 500), log offsets are bytes (1 TiB), indexes count instances and attempts.
+MAX_SEQ = 2**63 - 1
+MAX_OFFSET = 2**40
+MAX_INDEX = 1_000_000
+
+_ERRORS = {
+    400: "The request is wrong; `field` names what (a bad body, parameter or job field).",
+    401: "No credential, or one Apiary does not accept: send `Authorization: Bearer <token>`.",
+    403: "The caller may not do this (another user's job, a virtual cluster no group grants, admins only).",
+    404: "No such job, node, user, group or token (or one the caller may not see).",
+    409: "It exists already, or conflicts with the current state.",
+    413: "The request body is larger than the limit (APIARY_MAX_BODY_BYTES).",
+    429: "Too many requests or a full queue; retry after `Retry-After` seconds.",
+    500: "Apiary failed; the request may succeed later.",
+    503: "A backend (the store, the disk) cannot serve right now; retry later.",
+}
 #: Documented on every route: errors answer ErrorBody (FastAPI's own 422 shape is never sent; a
 #: malformed request is a 400 naming the field).
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    "4XX": {"model": ErrorBody, "description": "The request is wrong (400 names the field; 404, 409, 429)."},
-    "5XX": {"model": ErrorBody, "description": "Apiary failed; the request may succeed later (503: retry)."},
+    **{code: {"model": ErrorBody, "description": text} for code, text in _ERRORS.items()},
+    # The ranges too: any other 4xx/5xx is an ErrorBody as well (and FastAPI then adds no 422).
+    "4XX": {"model": ErrorBody, "description": "Any other client error."},
+    "5XX": {"model": ErrorBody, "description": "Any other server error."},
 }

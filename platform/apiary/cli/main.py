@@ -8,7 +8,6 @@ The platform is found through ``APIARY_API_URL`` or the URL ``apiary up`` record
 from __future__ import annotations
 
 import asyncio
-import getpass
 import json
 import logging
 import signal
@@ -19,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Column, Table
 
+from apiary.cli.identity import add_identity_commands
 from apiary.cli.sim import sim_app
 from apiary.errors import ApiaryError, PortInUseError
 
@@ -32,6 +32,7 @@ app.add_typer(node_app, name="node")
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(demo_app, name="demo")
 app.add_typer(sim_app, name="sim")
+add_identity_commands(app, lambda token=None: _client(token), lambda e: _fail(e))
 console = Console()
 err = Console(stderr=True)
 
@@ -42,10 +43,11 @@ def _settings():
     return Settings()
 
 
-def _client():
+def _client(token: str | None = None):
     """A client of the platform in APIARY_API_URL, else of the one ``apiary up`` recorded in
-    APIARY_HOME. A recorded platform must prove it is that home's (its ``clusterId`` in /healthz):
-    after a platform dies without cleaning up, another one may hold its port."""
+    APIARY_HOME, with ``token`` (default APIARY_TOKEN, else the file APIARY_HOME/token). A recorded
+    platform must prove it is that home's (its ``clusterId`` in /healthz): after a platform dies
+    without cleaning up, another one may hold its port."""
     from apiary.client import ApiaryClient
 
     settings = _settings()
@@ -53,7 +55,7 @@ def _client():
     if not url:
         err.print("No Apiary platform found: run `apiary up` or set APIARY_API_URL.")
         raise typer.Exit(1)
-    client = ApiaryClient(url)
+    client = ApiaryClient(url, token=token or settings.resolved_token())
     expected = settings.cluster_id()
     if settings.api_url or expected is None:
         return client  # an explicit URL is trusted; a home from before cluster ids has nothing to check
@@ -145,6 +147,9 @@ def agent(
     all_nodes: bool = typer.Option(False, "--all-nodes", help="Be the agent of every node in the cluster config."),
     simulated_gpus: bool = typer.Option(False, "--simulated-gpus", help="Advertise the config's GPUs (no driver)."),
     state_dir: Path = typer.Option(Path("~/.apiary/agents")),
+    credentials: Path | None = typer.Option(
+        None, help="Directory of the nodes' agent-<node>.token files (default APIARY_HOME/credentials)."
+    ),
     workdir: str | None = typer.Option(None, help="Working directory of tasks (process backend)."),
     metrics_ports: str | None = typer.Option(
         None, help='Serve each node\'s /metrics: JSON {"node": port} (0 = any free port), or "auto".'
@@ -153,13 +158,19 @@ def agent(
     """Run node agents (started by apiary up). SIGTERM stops them and their tasks."""
     import httpx
 
+    from apiary.auth.bootstrap import read_token
     from apiary.runtime.agent import run_agents
 
     _logging()
+    creds = (credentials or _settings().credentials_dir).expanduser()
+    tokens = {p.name[len("agent-"):-len(".token")]: read_token(p) or "" for p in creds.glob("agent-*.token")}
+    any_token = next(iter(tokens.values()), "")
     inventory = {}
     for _ in range(100):
         try:
-            inventory = {n["name"]: n["gpus"] for n in httpx.get(f"{api}/api/v2/nodes", timeout=5).json()}
+            r = httpx.get(f"{api}/api/v2/nodes", timeout=5, headers={"Authorization": f"Bearer {any_token}"})
+            r.raise_for_status()
+            inventory = {n["name"]: n["gpus"] for n in r.json()}
             break
         except httpx.HTTPError:
             import time
@@ -179,7 +190,7 @@ def agent(
             ports = json.loads(metrics_ports)
         await run_agents(
             api, nodes, state_dir.expanduser(), simulated_gpus=simulated_gpus, workdir=workdir, stop=stop,
-            kill_tasks_on_exit=True, metrics_ports=ports,
+            kill_tasks_on_exit=True, metrics_ports=ports, tokens=tokens,
         )
 
     asyncio.run(main())
@@ -203,12 +214,10 @@ def prefect_bridge(
 @job_app.command("submit")
 def job_submit(
     file: Path = typer.Argument(..., exists=True, dir_okay=False, help="OpenPAI job protocol v2 YAML."),
-    user: str | None = typer.Option(None, "--user", help="Submit as this user (default APIARY_USER or login)."),
 ) -> None:
-    """Submit a job; prints its id, user~name."""
-    who = user or _settings().user or getpass.getuser()
+    """Submit a job as the logged-in user (apiary login); prints its id, user~name."""
     try:
-        job = _client().submit(file.read_text(), who)
+        job = _client().submit(file.read_text())
     except ApiaryError as e:
         _fail(e)
     print(job["id"])  # plain: scripts read it, and rich would fold an id longer than the terminal

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from apiary import gcpolicy
@@ -42,6 +42,7 @@ from apiary.control.work import NodeHealth, Work, store_errors
 from apiary.errors import (
     ApiaryError,
     ConflictError,
+    ForbiddenError,
     NotFoundError,
     TooManyRequestsError,
     UnavailableError,
@@ -140,6 +141,7 @@ class ControlPlane:
         node_lost_after_s: float = 30.0,
         config_path: Path | None = None,
         lazy_preemption: bool = False,
+        max_instances: int = 1000,
     ) -> None:
         self._sessions = sessions
         self.cluster = cluster
@@ -165,13 +167,21 @@ class ControlPlane:
         self._changed_nodes: set[str] = set()
         self.generation: dict[str, int] = {}
         self._needs_rebuild = False
+        #: Most task instances one job may have, all roles together (``APIARY_MAX_INSTANCES``).
+        self.max_instances = max_instances
         self.recover()
+
+    @property
+    def sessions(self) -> sessionmaker[Session]:
+        """The store's session factory (the identity directory shares the store)."""
+        return self._sessions
 
     # ------------------------------------------------------------------ caches of immutable facts
     def _spec(self, job: Job) -> JobSpec:
         spec = self._specs.get(job.id)
         if spec is None:
-            spec = self._specs[job.id] = parse_job(job.spec_yaml)
+            # Stored jobs were accepted under the cap of their day: never refuse one on reload.
+            spec = self._specs[job.id] = parse_job(job.spec_yaml, max_instances=2**31)
         return spec
 
     def _policy_of(self, job: Job) -> JobPolicy:
@@ -334,22 +344,27 @@ class ControlPlane:
         return problems
 
     # ------------------------------------------------------------------ jobs
-    def submit(self, text: str | bytes, user: str, *, flow_run_id: str | None = None) -> dict:
+    def submit(self, text: str | bytes, user: str, *, flow_run_id: str | None = None,
+               authorize: Callable[[JobSpec], None] | None = None) -> dict:
         """Accept a job (OpenPAI protocol v2 YAML). Returns its JSON once committed (durable).
 
-        Raises ValidationError (bad YAML/field, bad user), QuotaExceededError (gang job larger than
-        its VC), ConflictError (``user~name`` exists), UnavailableError (503: the store cannot commit;
-        nothing was accepted).
+        ``authorize`` sees the parsed spec before anything is written and raises to refuse it (the
+        API checks the caller's virtual-cluster grants there). Raises ValidationError (bad
+        YAML/field, bad user, more than ``max_instances`` instances), QuotaExceededError (gang job
+        larger than its VC), ConflictError (``user~name`` exists), UnavailableError (503: the store
+        cannot commit; nothing was accepted), and whatever ``authorize`` raises.
         """
         if not USER_PATTERN.match(user or ""):
             raise ValidationError("user", f"invalid user name {user!r}: use letters, digits, '_' or '-'")
-        spec = parse_job(text)
+        spec = parse_job(text, max_instances=self.max_instances)
         for role in spec.task_roles:
             spec.render_commands(role)  # unknown <% $parameters.x %> references fail now, not at launch
         job_id = f"{user}~{spec.name}"
         policy = job_policy(job_id, spec)
         with self._lock:
-            self.scheduler.validate(policy.request)
+            self.scheduler.validate(policy.request)  # an unknown VC is a 400 naming the field, first
+        if authorize is not None:
+            authorize(spec)
         with self._lock, self._sessions() as s:
             if s.get(Job, job_id) is not None:
                 raise ConflictError(f"Job name {spec.name} already exists for user {user}.")
@@ -450,7 +465,8 @@ class ControlPlane:
             raise NotFoundError(f"Job {job_id} not found.")
         return job
 
-    def clone(self, job_id: str, *, flow_run_id: str | None = None) -> dict:
+    def clone(self, job_id: str, *, flow_run_id: str | None = None,
+              authorize: Callable[[JobSpec], None] | None = None) -> dict:
         """Submit a copy of ``job_id`` (same user, same spec, secrets included) as a new job named
         ``<name>-retry<N>`` with the smallest free N: the Retry button of a finished job's flow run.
         A chain of retries stays flat (``x-retry1`` -> ``x-retry2``). Returns the new job's JSON;
@@ -463,17 +479,30 @@ class ControlPlane:
         n = next(i for i in range(1, len(taken) + 2) if f"{base}-retry{i}" not in taken)
         doc = yaml.safe_load(text)
         doc["name"] = f"{base}-retry{n}"
-        return self.submit(yaml.safe_dump(doc, sort_keys=False), user, flow_run_id=flow_run_id)
+        return self.submit(yaml.safe_dump(doc, sort_keys=False), user, flow_run_id=flow_run_id, authorize=authorize)
 
     def get_job(self, job_id: str) -> dict:
         with self._sessions() as s:
             return job_json(s, self._get_job(s, job_id))
 
+    def job_owner(self, job_id: str) -> tuple[str, str]:
+        """``(user, virtual cluster)`` of a job, for access checks. Raises NotFoundError."""
+        with self._sessions() as s:
+            row = s.execute(select(Job.user, Job.virtual_cluster).where(Job.id == job_id)).first()
+        if row is None:
+            raise NotFoundError(f"Job {job_id} not found.")
+        return row[0], row[1]
+
     def list_jobs(
-        self, *, user: str | None = None, virtual_cluster: str | None = None, state: str | None = None
+        self, *, user: str | None = None, virtual_cluster: str | None = None, state: str | None = None,
+        visible_to: tuple[str, frozenset[str]] | None = None,
     ) -> list[dict]:
+        """Jobs in arrival order, filtered; ``visible_to=(user, vcs)`` keeps only that user's jobs
+        and the jobs of those virtual clusters (what a non-admin may see)."""
         with self._sessions() as s:
             q = select(Job).order_by(Job.submission_time, Job.submit_seq)
+            if visible_to is not None:
+                q = q.where(or_(Job.user == visible_to[0], Job.virtual_cluster.in_(sorted(visible_to[1]))))
             if user:
                 q = q.where(Job.user == user)
             if virtual_cluster:
@@ -489,11 +518,16 @@ class ControlPlane:
                 job_json(s, j, [t for t in tasks.get(j.id, []) if t.attempt == j.attempt], simulated) for j in jobs
             ]
 
-    def events(self, after: int = 0, limit: int = 500, job_id: str | None = None) -> list[dict]:
+    def events(self, after: int = 0, limit: int = 500, job_id: str | None = None,
+               user: str | None = None) -> list[dict]:
+        """Events after seq ``after``, oldest first, at most ``limit`` (clamped to 1..5000);
+        ``job_id`` or ``user`` narrow them to one job or one user's jobs."""
         with self._sessions() as s:
             q = select(Event).where(Event.seq > after).order_by(Event.seq).limit(min(max(limit, 1), 5000))
             if job_id:
                 q = q.where(Event.job_id == job_id)
+            if user:
+                q = q.where(Event.job_id.startswith(f"{user}~", autoescape=True))
             return [
                 {"seq": e.seq, "time": e.time, "jobId": e.job_id, "type": e.type, "data": e.data}
                 for e in s.scalars(q)
@@ -682,9 +716,15 @@ class ControlPlane:
                 if new_mark:  # the agent applied these: they leave the queue
                     s.execute(delete(NodeFault).where(NodeFault.node == node, NodeFault.id <= faults_applied))
                 for run in runs:
-                    job_id = s.scalar(select(Task.job_id).where(Task.run_id == run["run_id"]))
-                    if job_id is None:
+                    owner = s.execute(select(Task.job_id, Task.node).where(Task.run_id == run["run_id"])).first()
+                    if owner is None:
                         ack.append(run["run_id"])  # unknown to us: the agent should stop and forget it
+                        continue
+                    job_id = owner[0]
+                    if owner[1] != node:  # a run placed elsewhere: never let this node decide it
+                        logger.warning("refused report node=%s run=%s: the run is placed on %s",
+                                       node, run["run_id"], owner[1])
+                        ack.append(run["run_id"])
                         continue
                     fx = w.step(job_id, RunReported(
                         node=node, run_id=run["run_id"], exited=run.get("state") == "exited",
@@ -948,12 +988,22 @@ class ControlPlane:
     def _log_file(self, run_id: str, stream: str) -> Path:
         return self.logs_dir / f"{run_id}.{stream}.log"
 
-    def append_log(self, run_id: str, stream: str, offset: int, data: bytes) -> int:
+    def append_log(self, run_id: str, stream: str, offset: int, data: bytes, *, node: str | None = None) -> int:
         """Store bytes ``[offset, offset+len(data))`` of a run's stream; overlaps are skipped, so
-        agents may resend after a failure (idempotent). Returns the stored size. Raises
-        UnavailableError when the disk refuses the write (the agent resends)."""
+        agents may resend after a failure (idempotent). Returns the stored size. ``node``: the
+        sending agent's node; a run not placed there is refused (ForbiddenError). Raises
+        ValidationError (bad stream or offset), UnavailableError when the disk refuses the write
+        (the agent resends)."""
         if stream not in ("stdout", "stderr"):
             raise ValidationError("stream", "must be stdout or stderr")
+        if offset < 0:
+            raise ValidationError("offset", "must be >= 0")
+        if node is not None:
+            with self._sessions() as s:
+                placed = s.scalar(select(Task.node).where(Task.run_id == run_id))
+            if placed != node:
+                logger.warning("refused log node=%s run=%s: the run is placed on %s", node, run_id, placed)
+                raise ForbiddenError(f"Run {run_id} is not placed on node {node}.")
         path = self._log_file(run_id, stream)
         size = path.stat().st_size if path.exists() else 0
         if offset + len(data) > size:

@@ -9,6 +9,7 @@ import uvicorn
 
 from apiary import gcpolicy
 from apiary.api import create_app
+from apiary.auth import Directory, bootstrap
 from apiary.control.config import check_cluster_config
 from apiary.control.loop import SchedulingLoop
 from apiary.control.plane import ControlPlane
@@ -27,6 +28,7 @@ def build_plane(settings: Settings) -> ControlPlane:
     return ControlPlane(
         session_factory(engine), cluster, settings.logs_dir, node_lost_after_s=settings.node_lost_after_s,
         config_path=settings.cluster_path, lazy_preemption=settings.lazy_preemption,
+        max_instances=settings.max_instances,
     )
 
 
@@ -35,6 +37,10 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8470) -> None
     (written here if ``apiary up`` did not) in ``GET /healthz``."""
     plane = build_plane(settings)
     cluster_id = ensure_cluster_id(settings.home_dir)
+    directory = Directory(plane.sessions)
+    # Before the port opens: the agents and the bridge read their token files once the API answers.
+    bootstrap(directory, settings.home_dir, nodes=plane.scheduler.nodes(),
+              virtual_clusters=plane.cluster.virtual_clusters, users_file=settings.users_file)
     # Short collector pauses with a large scheduler state (apiary.gcpolicy): at 10,000 nodes a full
     # collection of the whole heap took 450 ms, stalling decisions and requests alike.
     gcpolicy.install()
@@ -45,7 +51,8 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8470) -> None
     logger.info("control plane listening on http://%s:%d", host, port)
     try:
         uvicorn.run(
-            create_app(plane, cluster_id=cluster_id), host=host, port=port, log_level="warning", access_log=False,
+            create_app(plane, cluster_id=cluster_id, directory=directory, settings=settings),
+            host=host, port=port, log_level="warning", access_log=False,
             timeout_graceful_shutdown=2,  # agents' long polls must not hold a restart
         )
     finally:

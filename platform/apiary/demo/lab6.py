@@ -26,7 +26,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from apiary.client import ApiaryClient
+from apiary.client import ApiaryClient, Tenants
 from apiary.embedded import REPO_ROOT, Embedded
 from apiary.errors import ApiaryError
 from apiary.tracking.prefect_server import start_prefect_server
@@ -88,21 +88,21 @@ def until(pred: Callable[[], object], timeout: float = TIMEOUT_S, what: str = "c
     raise ScenarioFailed(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def task_running(c: ApiaryClient, job_id: str, count: int = 1) -> dict | None:
+def task_running(c: Tenants, job_id: str, count: int = 1) -> dict | None:
     job = c.get(job_id)
     return job if sum(t["state"] == "RUNNING" for t in job["tasks"]) >= count else None
 
 
-def nodes_ready(c: ApiaryClient, n: int) -> bool:
+def nodes_ready(c: Tenants, n: int) -> bool:
     return sum(bool(x["ready"]) for x in c.nodes()) >= n
 
 
-def done(c: ApiaryClient, job_id: str) -> dict:
+def done(c: Tenants, job_id: str) -> dict:
     return c.wait(job_id, timeout=TIMEOUT_S, poll_s=0.2)
 
 
 # ---------------------------------------------------------------------- scenarios
-def vc_safety(c: ApiaryClient, sleep_s: int) -> str:
+def vc_safety(c: Tenants, sleep_s: int) -> str:
     ids = [c.submit(job_text(0, sleep_s), user=u)["id"] for u in ("alice", "bob", "carol")]
     waiting = until(lambda: next((j for j in (c.get(i) for i in ids) if j["state"] == "WAITING" and
                                   j["waitingReason"]), None), what="a waiting job with a reason")
@@ -117,7 +117,7 @@ def vc_safety(c: ApiaryClient, sleep_s: int) -> str:
             f"a queued one waited: \"{waiting['waitingReason']}\"")
 
 
-def priority_preemption(c: ApiaryClient, sleep_s: int) -> str:
+def priority_preemption(c: Tenants, sleep_s: int) -> str:
     low = c.submit(job_text(1, sleep_s), user="alice")["id"]
     until(lambda: task_running(c, low), what="job-config-1 running")
     t_submit = time.time()
@@ -136,7 +136,7 @@ def priority_preemption(c: ApiaryClient, sleep_s: int) -> str:
             f"{j_low['retryDetails']}")
 
 
-def opportunistic(c: ApiaryClient, sleep_s: int) -> str:
+def opportunistic(c: Tenants, sleep_s: int) -> str:
     prod = c.submit(job_text(3, sleep_s), user="alice")["id"]
     until(lambda: task_running(c, prod), what="job-config-3 running")
     t0 = time.time()
@@ -157,7 +157,7 @@ def opportunistic(c: ApiaryClient, sleep_s: int) -> str:
             f"cell freed and SUCCEEDED (retryDetails {j_oppo['retryDetails']})")
 
 
-def gang(c: ApiaryClient, sleep_s: int) -> str:
+def gang(c: Tenants, sleep_s: int) -> str:
     holder = c.submit(job_text(5, sleep_s), user="alice")["id"]
     until(lambda: task_running(c, holder), what="job-config-5 running")
     g = c.submit(job_text(6, sleep_s), user="alice")["id"]
@@ -176,7 +176,7 @@ def gang(c: ApiaryClient, sleep_s: int) -> str:
             f"then both started together ({spread:.2f} s apart) and it SUCCEEDED")
 
 
-def incremental(c: ApiaryClient, sleep_s: int) -> str:
+def incremental(c: Tenants, sleep_s: int) -> str:
     holder = c.submit(job_text(5, 60), user="bob")["id"]
     until(lambda: task_running(c, holder), what="job-config-5 running")
     inc = c.submit(job_text(7, sleep_s), user="bob")["id"]
@@ -218,8 +218,9 @@ SCENARIOS_ONE_VC = [("4 gang", gang), ("5 incremental", incremental)]
 SCENARIO_COUNT = len(SCENARIOS_TWO_VCS) + len(SCENARIOS_ONE_VC)
 
 
-def run_scenarios(api_url: str, scenarios, sleep_s: int) -> list[Outcome]:
-    client = ApiaryClient(api_url)
+def run_scenarios(admin: ApiaryClient, scenarios, sleep_s: int) -> list[Outcome]:
+    """Run ``scenarios`` with ``admin`` (the platform's first admin) creating Lab 6's users."""
+    client = Tenants(admin)
     until(lambda: nodes_ready(client, 2), 60, "both node agents")
     out = []
     for name, fn in scenarios:
@@ -246,7 +247,7 @@ def run_demo(console: Console, *, prefect: bool = True, sleep_s: int = 4, keep: 
                                 workdir=str(REPO_ROOT))
             with platform:
                 console.print(f"[dim]{cluster}: API {platform.api_url}[/dim]")
-                results += run_scenarios(platform.api_url, scenarios, sleep_s)
+                results += run_scenarios(platform.client(), scenarios, sleep_s)
     finally:
         if server:
             server.stop()

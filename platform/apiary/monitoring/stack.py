@@ -68,15 +68,18 @@ def render_prometheus(out_dir: Path, *, control_plane: str, alertmanager: str, i
     return out
 
 
-def render_alertmanager(out_dir: Path, *, webhook_url: str, smtp_smarthost: str,
+def render_alertmanager(out_dir: Path, *, webhook_url: str, smtp_smarthost: str, token_file: Path,
                         src: Path = DEPLOY / "alertmanager" / "alertmanager.yml") -> Path:
-    """Write ``out_dir/alertmanager.yml`` pointing the webhook receiver at ``webhook_url`` and email
-    at ``smtp_smarthost`` (``host:port``)."""
+    """Write ``out_dir/alertmanager.yml`` pointing the webhook receiver at ``webhook_url`` with the
+    bearer token in ``token_file`` (Apiary's Alertmanager service token) and email at
+    ``smtp_smarthost`` (``host:port``)."""
     cfg = yaml.safe_load(src.read_text())
     cfg["global"]["smtp_smarthost"] = smtp_smarthost
     for receiver in cfg["receivers"]:
         for hook in receiver.get("webhook_configs", []):
             hook["url"] = webhook_url
+            hook.setdefault("http_config", {}).setdefault("authorization", {"type": "Bearer"})
+            hook["http_config"]["authorization"]["credentials_file"] = str(token_file)
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / "alertmanager.yml"
     out.write_text(yaml.safe_dump(cfg, sort_keys=False))

@@ -63,8 +63,11 @@ class NodeAgent:
         address: str = "127.0.0.1",
         workdir: str | None = None,
         metrics_url: str | None = None,
+        token: str | None = None,
     ) -> None:
         self.node = node
+        # The node's own credential: the control plane lets it act for this node only.
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         self.api = api_url.rstrip("/")
         self.backend = backend
         self.client = client
@@ -110,7 +113,8 @@ class NodeAgent:
             params = {} if generation is None else {"generation": generation, "wait": LONG_POLL_S}
             try:
                 r = await self.client.get(
-                    f"{self.api}/api/v2/nodes/{self.node}/assignments", params=params, timeout=LONG_POLL_S + 5
+                    f"{self.api}/api/v2/nodes/{self.node}/assignments", params=params, timeout=LONG_POLL_S + 5,
+                    headers=self._auth,
                 )
                 r.raise_for_status()
                 data = r.json()
@@ -281,7 +285,8 @@ class NodeAgent:
                 for s in changed
             ],
         }
-        r = await self.client.post(f"{self.api}/api/v2/nodes/{self.node}/status", json=body, timeout=30)
+        r = await self.client.post(f"{self.api}/api/v2/nodes/{self.node}/status", json=body, timeout=30,
+                                   headers=self._auth)
         r.raise_for_status()
         self._last_beat = now
         acked = set(r.json().get("ack", []))
@@ -316,7 +321,7 @@ class NodeAgent:
                         f"{self.api}/api/v2/nodes/{self.node}/logs",
                         params={"runId": s.run_id, "stream": stream, "offset": offset},
                         content=chunk,
-                        headers={"Content-Type": "application/octet-stream"},
+                        headers={"Content-Type": "application/octet-stream", **self._auth},
                         timeout=30,
                     )
                     r.raise_for_status()
@@ -342,6 +347,7 @@ async def run_agents(
     kill_tasks_on_exit: bool = False,
     metrics_ports: dict[str, int] | None = None,
     metrics_host: str = "127.0.0.1",
+    tokens: dict[str, str] | None = None,
 ) -> None:
     """Run one :class:`NodeAgent` per entry of ``nodes`` (name -> GPU count) in this process,
     each with a :class:`~apiary.runtime.process.ProcessBackend` under ``state_dir/<node>``.
@@ -349,6 +355,7 @@ async def run_agents(
     With ``metrics_ports`` (node -> port; 0 = any free port) every node serves its own
     ``/metrics`` and ``/healthz`` (:class:`~apiary.monitoring.NodeExporter`: GPUs, real through
     NVML or simulated, host and task metrics) and reports the URL to the control plane.
+    ``tokens``: node -> that node agent's bearer token.
     """
     from apiary.monitoring import NodeExporter, serve_metrics
     from apiary.runtime.process import ProcessBackend
@@ -359,7 +366,7 @@ async def run_agents(
         agents = [
             NodeAgent(
                 name, api_url, ProcessBackend(state_dir / name), client,
-                gpus=gpus, simulated_gpus=simulated_gpus, workdir=workdir,
+                gpus=gpus, simulated_gpus=simulated_gpus, workdir=workdir, token=(tokens or {}).get(name),
             )
             for name, gpus in nodes.items()
         ]

@@ -46,6 +46,7 @@ from pydantic import ValidationError as PydanticValidationError
 from pydantic.alias_generators import to_camel
 
 from apiary.errors import ValidationError
+from apiary.spec import safeyaml
 
 __all__ = [
     "CellType",
@@ -420,19 +421,14 @@ def load_cluster_config(source: str | bytes | Path) -> ClusterConfig:
     ``hivedscheduler.yaml`` included), or OpenPAI's ``hivedscheduler: {config: "<yaml>"}`` wrapper.
     Raises ValidationError (field = dotted path) on broken YAML, unknown fields, undefined or cyclic
     cell types, VC paths that do not exist, ``cellNumber < 0``, unknown pinned cells, a non-numeric
-    leaf address and the like.
+    leaf address and the like. The YAML (file, text, and the wrapper's inner ``config`` string) is
+    read with :func:`apiary.spec.safeyaml.load`: bytes must be UTF-8, and duplicate keys, nesting
+    deeper than 64 levels, more than 100 aliases or :data:`CLUSTER_MAX_NODES` nodes are refused
+    (``field`` ``config`` or ``hivedscheduler.config``).
     """
-    if isinstance(source, Path):
-        try:
-            text = source.read_text(encoding="utf-8")
-        except OSError as e:
-            raise ValidationError("config", f"cannot read {source}: {e}") from None
-    elif isinstance(source, bytes):
-        text = source.decode("utf-8", errors="replace")
-    else:
-        text = source
-        if "\n" not in text and ":" not in text and text.strip() and Path(text).is_file():
-            text = Path(text).read_text(encoding="utf-8")
+    text: str | bytes = source if not isinstance(source, Path) else _read(source)
+    if isinstance(text, str) and "\n" not in text and ":" not in text and text.strip() and Path(text).is_file():
+        text = _read(Path(text))
     data = _parse_yaml(text, "config")
     if isinstance(data, dict) and "hivedscheduler" in data:
         wrapper = data["hivedscheduler"]
@@ -445,8 +441,23 @@ def load_cluster_config(source: str | bytes | Path) -> ClusterConfig:
     return ClusterConfig.from_dict(data)
 
 
-def _parse_yaml(text: str, field: str) -> Any:
+def _read(path: Path) -> bytes:
+    """The file's bytes (decoded, strictly as UTF-8, by :func:`_parse_yaml`)."""
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ValidationError(field, f"invalid YAML: {e}") from None
+        return path.read_bytes()
+    except OSError as e:
+        raise ValidationError("config", f"cannot read {path}: {e}") from None
+
+
+#: Node limit for a cluster config (after alias expansion): Apiary's bound, 10x safeyaml's
+#: default, because an operator may list every leaf cell of a large cluster (10,000 nodes of 8
+#: GPUs, leaf addresses given, are ~300,000 nodes); depth and alias limits stay safeyaml's.
+CLUSTER_MAX_NODES = 1_000_000
+
+
+def _parse_yaml(text: str | bytes, field: str) -> Any:
+    """YAML via :func:`apiary.spec.safeyaml.load` (bounded; duplicate keys and non-UTF-8 refused).
+
+    Raises ValidationError(field, ...) for anything that is not such YAML.
+    """
+    return safeyaml.load(text, field=field, what="config", max_nodes=CLUSTER_MAX_NODES)

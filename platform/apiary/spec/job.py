@@ -15,6 +15,9 @@ unknown fields except those the protocol leaves free-form: ``parameters``, ``sec
 
 Entry point: :func:`parse_job` (YAML or JSON text -> :class:`JobSpec`); every failure is an
 :class:`apiary.errors.ValidationError` whose ``field`` is the dotted path of the first bad field.
+The text is read with :func:`apiary.spec.safeyaml.load` (bounded depth, aliases and size, no
+duplicate keys), and the protocol's integers have upper bounds of Apiary's (``MAX_*`` below),
+since OpenPAI's schema leaves them open.
 """
 
 from __future__ import annotations
@@ -30,12 +33,20 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from apiary.errors import ValidationError
+from apiary.spec import safeyaml
 from apiary.spec.probes import validate_probes
 from apiary.spec.templating import render
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "DEFAULT_MAX_JOB_INSTANCES",
+    "MAX_CPU",
+    "MAX_GPU",
+    "MAX_INSTANCES",
+    "MAX_MEMORY_MB",
+    "MAX_PORTS",
+    "MAX_RETRY_COUNT",
     "PRIORITY_CLASSES",
     "DataPrerequisite",
     "Defaults",
@@ -78,6 +89,34 @@ _IDENTIFIER_RE = re.compile(IDENTIFIER_PATTERN)
 
 _PREREQUISITE_TYPES = ("dockerimage", "script", "output", "data")
 
+# --------------------------------------------------------------------------- Apiary's bounds
+# OpenPAI's schema and rest-server type the protocol's counts and sizes as integers with at most
+# a minimum. Unbounded, a typo or a hostile spec (``jobRetryCount: 10**30``, ``memoryMB: 10**30``)
+# reaches the scheduler, the store and the messages about it. These maxima are Apiary's own:
+# each is far above any real job, and a value over it is rejected with the field's dotted path.
+
+#: ``jobRetryCount`` and ``taskRetryCount``: a job retried more than 100 times is broken, not
+#: unlucky (OpenPAI's examples use 0 to 3).
+MAX_RETRY_COUNT = 100
+#: ``instances`` of one task role: one instance is one pod, and Kubernetes' documented
+#: large-cluster limit is 150,000 pods in all (kubernetes.io "Considerations for large
+#: clusters"), so no cluster could run more. The per-job policy limit is ``parse_job``'s
+#: ``max_instances`` (default :data:`DEFAULT_MAX_JOB_INSTANCES`), far lower.
+MAX_INSTANCES = 150_000
+#: Default of ``parse_job(max_instances=...)``: instances of one job, all task roles together.
+#: The control plane passes its configured value (``APIARY_MAX_INSTANCES``); 1,000 is its default.
+DEFAULT_MAX_JOB_INSTANCES = 1000
+#: ``resourcePerInstance.cpu`` (vcores) and ``.memoryMB`` (MiB, here 64 TiB): twice the largest
+#: single machines offered today (AWS u7in-32tb.224xlarge: 896 vCPUs, 32 TiB), rounded up to a
+#: power of two. Also bounds ``extraContainerOptions.shmMB``, which lives in the same memory.
+MAX_CPU = 1024
+MAX_MEMORY_MB = 64 * 2**20
+#: ``resourcePerInstance.gpu``: machines carry 8 or 16 GPUs; 1,024 leaves two orders of magnitude.
+MAX_GPU = 1024
+#: ``resourcePerInstance.ports``: ports one instance reserves, all labels together (each label
+#: is a few ports: ssh, http, a rendezvous port; every one is taken from the node's host ports).
+MAX_PORTS = 100
+
 
 # --------------------------------------------------------------------------- shared pieces
 
@@ -119,6 +158,7 @@ TaskRoleName = Annotated[str, _check_identifier("task role")]
 PortLabel = Annotated[str, _check_identifier("port label")]
 Name = Annotated[str, Field(pattern=NAME_PATTERN, min_length=1, max_length=NAME_MAX_LENGTH)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
+RetryCount = Annotated[int, Field(ge=0, le=MAX_RETRY_COUNT)]
 #: rest-server base.json: ``version: {type: ['string', 'number']}``.
 Version = str | int | float
 
@@ -211,8 +251,9 @@ class TaskRoleCompletion(_Model):
     Each is ``-1`` or ``>= 1``; ``null`` (allowed by the rest-server schema) means the default.
     """
 
-    min_failed_instances: int = Field(1, alias="minFailedInstances")
-    min_succeeded_instances: int = Field(-1, alias="minSucceededInstances")
+    # le: a count above MAX_INSTANCES could never be reached (Apiary's bound, like the others).
+    min_failed_instances: int = Field(1, alias="minFailedInstances", le=MAX_INSTANCES)
+    min_succeeded_instances: int = Field(-1, alias="minSucceededInstances", le=MAX_INSTANCES)
 
     @field_validator("min_failed_instances", "min_succeeded_instances", mode="before")
     @classmethod
@@ -237,7 +278,7 @@ class TaskRoleCompletion(_Model):
 class ExtraContainerOptions(_Model):
     """Docker options (schema): ``shmMB`` is the size of /dev/shm in MiB; ``infiniband`` mounts IB devices."""
 
-    shm_mb: NonNegativeInt | None = Field(None, alias="shmMB")
+    shm_mb: Annotated[int, Field(ge=0, le=MAX_MEMORY_MB)] | None = Field(None, alias="shmMB")
     infiniband: bool | None = None
 
 
@@ -245,30 +286,44 @@ class ResourcePerInstance(_Model):
     """Resources of one instance (one container).
 
     ``cpu`` in vcores, ``memoryMB`` in MiB, ``gpu`` in whole cards; all three are required
-    (rest-server). ``gpu >= 0`` and ``cpu``/``memoryMB >= 1`` are Apiary's bounds (OpenPAI only
-    types them as integers; a negative request is meaningless to HiveD). ``ports`` maps a port
-    label (C identifier) to how many ports to reserve (host network only; schema).
+    (rest-server). ``0 <= gpu <= MAX_GPU``, ``1 <= cpu <= MAX_CPU`` and ``1 <= memoryMB <=
+    MAX_MEMORY_MB`` are Apiary's bounds (OpenPAI only types them as integers; a negative request
+    is meaningless to HiveD). ``ports`` maps a port label (C identifier) to how many ports to
+    reserve (host network only; schema), at most :data:`MAX_PORTS` in all.
     """
 
-    cpu: Annotated[int, Field(ge=1)]
-    memory_mb: Annotated[int, Field(ge=1)] = Field(alias="memoryMB")
-    gpu: NonNegativeInt
-    ports: Annotated[dict[PortLabel, NonNegativeInt], Field(min_length=1)] | None = None
+    cpu: Annotated[int, Field(ge=1, le=MAX_CPU)]
+    memory_mb: Annotated[int, Field(ge=1, le=MAX_MEMORY_MB)] = Field(alias="memoryMB")
+    gpu: Annotated[int, Field(ge=0, le=MAX_GPU)]
+    ports: Annotated[dict[PortLabel, Annotated[int, Field(ge=0, le=MAX_PORTS)]], Field(min_length=1)] | None = None
+
+    @field_validator("ports")
+    @classmethod
+    def _ports_in_all(cls, ports: dict[str, int] | None) -> dict[str, int] | None:
+        total = sum((ports or {}).values())
+        if total > MAX_PORTS:
+            raise PydanticCustomError(
+                "apiary_ports",
+                "asks for {total} ports in all labels, more than Apiary's maximum of {max} per instance",
+                {"total": total, "max": MAX_PORTS},
+            )
+        return ports
 
 
 class TaskRole(_Model):
     """One kind of task; ``instances`` copies of it run, each in its own container.
 
-    Rules: ``instances >= 1`` (default 1), ``taskRetryCount >= 0`` (default 0), ``dockerImage``
+    Rules: ``1 <= instances <= MAX_INSTANCES`` (default 1), ``0 <= taskRetryCount <=
+    MAX_RETRY_COUNT`` (default 0; the maxima are Apiary's), ``dockerImage``
     names a ``dockerimage`` prerequisite, ``data``/``output``/``script`` name a prerequisite of
     that type, ``prerequisites`` name existing prerequisites (rest-server middleware), and
     ``commands`` is a non-empty list of shell lines (rest-server ``minItems: 1``).
     """
 
     protocol_version: ProtocolVersion | None = Field(None, alias="protocolVersion")
-    instances: Annotated[int, Field(ge=1)] = 1
+    instances: Annotated[int, Field(ge=1, le=MAX_INSTANCES)] = 1
     completion: TaskRoleCompletion = Field(default_factory=TaskRoleCompletion)
-    task_retry_count: NonNegativeInt = Field(0, alias="taskRetryCount")
+    task_retry_count: RetryCount = Field(0, alias="taskRetryCount")
     prerequisites: list[str] | None = None
     docker_image: str = Field(alias="dockerImage")
     data: str | None = None
@@ -360,7 +415,8 @@ class JobSpec(_Model):
     """An OpenPAI job protocol v2 document (schema ``JobProtocol``).
 
     Required: ``protocolVersion`` (2 or "2"), ``name`` (``^[a-zA-Z0-9_-]+$``, <= 255 chars),
-    ``type: job``, ``taskRoles`` (at least one). ``jobRetryCount`` defaults to 0.
+    ``type: job``, ``taskRoles`` (at least one). ``jobRetryCount`` defaults to 0 (at most
+    :data:`MAX_RETRY_COUNT`, Apiary's bound).
     ``prerequisites`` is optional to the rest-server schema but in practice required, since
     every task role's ``dockerImage`` must name one.
 
@@ -375,7 +431,7 @@ class JobSpec(_Model):
     version: Version | None = None
     contributor: str | None = None
     description: str | None = None
-    job_retry_count: NonNegativeInt = Field(0, alias="jobRetryCount")
+    job_retry_count: RetryCount = Field(0, alias="jobRetryCount")
     prerequisites: Annotated[list[Prerequisite], Field(min_length=1)] | None = None
     parameters: dict[str, Any] | None = None
     secrets: dict[str, Any] | None = None
@@ -581,6 +637,16 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return "".join(parts)
 
 
+def _brief(value: Any) -> str:
+    """``repr(value)`` cut to 40 characters for a message. An int past Python's 4,300-digit
+    str limit (YAML ``0b1...`` builds one) has no repr: it is described by its size instead."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"an integer of {value.bit_length()} bits"
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
 def _pydantic_to_validation_error(exc: pydantic.ValidationError) -> ValidationError:
     found: list[tuple[str, str]] = []
     for err in exc.errors(include_url=False):
@@ -589,7 +655,12 @@ def _pydantic_to_validation_error(exc: pydantic.ValidationError) -> ValidationEr
             loc = (*loc, "type")
         reason = _FRIENDLY.get(err["type"], err["msg"])
         if loc and loc[-1] == "protocolVersion" and err["type"] == "literal_error":
-            reason = f'protocol version must be 2 (or "2"), got {err["input"]!r}'
+            reason = f'protocol version must be 2 (or "2"), got {_brief(err["input"])}'
+        if err["type"] == "less_than_equal":  # every maximum in this module is one of Apiary's
+            reason = (
+                f"{_brief(err['input'])} is more than {err.get('ctx', {}).get('le')}, Apiary's maximum "
+                "(the OpenPAI protocol sets none)"
+            )
         if err["type"] == "union_tag_invalid":
             reason = f"prerequisite type must be one of {', '.join(_PREREQUISITE_TYPES)}"
         found.append((_field_path(loc), reason))
@@ -598,34 +669,36 @@ def _pydantic_to_validation_error(exc: pydantic.ValidationError) -> ValidationEr
     return ValidationError(field, f"{reason}; {rest}" if rest else reason)
 
 
-def parse_job(text: str | bytes) -> JobSpec:
+def parse_job(text: str | bytes, *, max_instances: int = DEFAULT_MAX_JOB_INSTANCES) -> JobSpec:
     """Parse an OpenPAI job protocol v2 document (YAML; JSON is YAML) into a :class:`JobSpec`.
+
+    ``max_instances``: most instances the job may have, all task roles together (the control
+    plane's configured limit; default :data:`DEFAULT_MAX_JOB_INSTANCES`).
 
     Raises :class:`apiary.errors.ValidationError` and nothing else for bad input:
 
     * ``field="body"`` for undecodable bytes, broken YAML (reason gives line and column,
-      1-based) or a document that is not a mapping;
+      1-based), YAML outside :func:`apiary.spec.safeyaml.load`'s limits (nesting, aliases,
+      size, duplicate keys) or a document that is not a mapping;
+    * ``field="taskRoles"`` for more than ``max_instances`` instances in all;
     * otherwise ``field`` is the dotted wire path of the first offending field
       (``taskRoles.train.resourcePerInstance.gpu``), and the message lists every problem
       found, ``"a.b: reason; c: reason"``.
     """
-    if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ValidationError("body", f"job spec is not UTF-8 text: {exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ValidationError("body", f"job spec is not valid YAML{where}: {problem}") from None
+    data = safeyaml.load(text, field="body", what="job spec")
     if not isinstance(data, dict):
         raise ValidationError("body", f"job spec must be a YAML mapping, got {type(data).__name__}")
     try:
-        return JobSpec.model_validate(data)
+        spec = JobSpec.model_validate(data)
     except pydantic.ValidationError as exc:
         error = _pydantic_to_validation_error(exc)
         logger.debug("rejected job spec: %s", error.message)
         raise error from None
+    total = sum(role.instances for role in spec.task_roles.values())
+    if total > max_instances:
+        raise ValidationError(
+            "taskRoles",
+            f"the job asks for {total} instances in all task roles, more than the {max_instances} "
+            "one job may have (a limit the platform configures: APIARY_MAX_INSTANCES)",
+        )
+    return spec

@@ -202,3 +202,60 @@ class AlertAction(Base):
     status: Mapped[str] = mapped_column(String(16))  # ok or failed
     detail: Mapped[str] = mapped_column(Text)
     time: Mapped[float] = mapped_column(Float)
+
+
+class User(Base):
+    """A person who submits jobs (OpenPAI's user). ``name`` is the ``user`` of their job ids."""
+
+    __tablename__ = "users"
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    email: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    created: Mapped[float] = mapped_column(Float)
+
+
+class Group(Base):
+    """A group of users (OpenPAI's group): its members may use its virtual clusters; an ``admin``
+    group's members may do everything (OpenPAI's admin group)."""
+
+    __tablename__ = "groups"
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    description: Mapped[str] = mapped_column(Text, default="")
+    created: Mapped[float] = mapped_column(Float)
+
+
+class GroupMember(Base):
+    __tablename__ = "group_members"
+
+    group: Mapped[str] = mapped_column(ForeignKey("groups.name", ondelete="CASCADE"), primary_key=True)
+    user: Mapped[str] = mapped_column(ForeignKey("users.name", ondelete="CASCADE"), primary_key=True, index=True)
+
+
+class GroupGrant(Base):
+    """Group -> virtual cluster: the group's members may submit to and see the jobs of ``vc``
+    (OpenPAI's group ``extension.acls.virtualClusters``)."""
+
+    __tablename__ = "group_grants"
+
+    group: Mapped[str] = mapped_column(ForeignKey("groups.name", ondelete="CASCADE"), primary_key=True)
+    virtual_cluster: Mapped[str] = mapped_column(String(100), primary_key=True)
+
+
+class Token(Base):
+    """A bearer credential. Only a SHA-256 digest of its secret is stored (the token is shown
+    once, when created). ``kind``: ``user`` (``subject`` is a user name), ``agent`` (a node name)
+    or ``service`` (``bridge`` or ``alertmanager``). Times are unix seconds; ``expires`` None
+    never expires; a revoked token stays, with ``revoked`` set, for the audit trail."""
+
+    __tablename__ = "tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(16))
+    subject: Mapped[str] = mapped_column(String(200), index=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    created: Mapped[float] = mapped_column(Float)
+    expires: Mapped[float | None] = mapped_column(Float, nullable=True)
+    revoked: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -26,7 +26,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from apiary.errors import ConflictError, UnavailableError, UserError, error_from_response
-from apiary.tracking.source import API_PREFIX, FLOW_RUN_HEADER
+from apiary.tracking.source import API_PREFIX, FLOW_RUN_HEADER, service_headers
 from apiary.tracking.submit import FINAL_STATES, resolve_api_url, submit_job, wait_for_job
 
 logger = logging.getLogger(__name__)
@@ -152,7 +152,7 @@ async def run_job(
     if (job is None) == (job_id is None):
         raise UserError("job: give either a job spec or the id of an existing job")
     base = resolve_api_url(api_url)
-    async with httpx.AsyncClient(base_url=base, timeout=30.0) as client:
+    async with httpx.AsyncClient(base_url=base, timeout=30.0, headers=service_headers()) as client:
         if job is not None:
             if not user:
                 raise UserError("user: required to submit a job")

@@ -33,7 +33,18 @@ __all__ = ["HttpEventSource", "JobEventSource", "MemoryEventSource"]
 
 API_PREFIX = "/api/v2"
 FLOW_RUN_HEADER = "X-Apiary-Flow-Run-Id"
-USER_HEADER = "X-Apiary-User"
+#: The Prefect bridge's delegation: only its service token may name the user a job is for.
+ON_BEHALF_HEADER = "X-Apiary-On-Behalf-Of"
+
+
+def service_headers(token: str | None = None) -> dict[str, str]:
+    """``Authorization`` for the bridge's and the flows' calls: ``token``, else ``APIARY_TOKEN`` /
+    ``APIARY_HOME/token`` (``apiary up`` hands the Prefect children the bridge's service token)."""
+    if token is None:
+        from apiary.settings import Settings
+
+        token = Settings().resolved_token()
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 @runtime_checkable
@@ -81,7 +92,7 @@ class HttpEventSource:
         self,
         api_url: str,
         timeout_s: float = 10.0,
-        user: str = "prefect-bridge",
+        token: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         base = api_url.rstrip("/")
@@ -89,7 +100,7 @@ class HttpEventSource:
             base = base[: -len(API_PREFIX)]
         self.base_url = base
         self.timeout_s = timeout_s
-        self.user = user
+        self._headers = service_headers(token)
         self._transport = transport  # tests pass httpx.MockTransport
         self._client: httpx.AsyncClient | None = None
         self._loop: Any = None
@@ -103,7 +114,7 @@ class HttpEventSource:
             self._client = httpx.AsyncClient(
                 base_url=self.base_url + API_PREFIX,
                 timeout=self.timeout_s,
-                headers={USER_HEADER: self.user},
+                headers=self._headers,
                 transport=self._transport,
             )
             self._loop = loop

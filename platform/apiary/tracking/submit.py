@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from apiary.errors import ApiaryError, PlatformError, UnavailableError, UserError, error_from_response
-from apiary.tracking.source import API_PREFIX, FLOW_RUN_HEADER, USER_HEADER
+from apiary.tracking.source import API_PREFIX, FLOW_RUN_HEADER, ON_BEHALF_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -72,14 +72,15 @@ def _error(resp: httpx.Response, what: str) -> ApiaryError:
 async def submit_job(
     client: httpx.AsyncClient, job: Any, user: str, flow_run_id: str | None = None
 ) -> str:
-    """POST the job; return its id (``user~name``).
+    """POST the job for ``user`` (the client carries the bridge's service token, which alone may
+    name the user); return its id (``user~name``).
 
     Raises :class:`~apiary.errors.UserError` (or a subclass: ConflictError when the job already
     exists) for a 4xx answer (the message is Apiary's), :class:`~apiary.errors.PlatformError` for
     5xx (UnavailableError for 503) and :class:`~apiary.errors.UnavailableError` for no answer.
     """
     body, ctype = _job_body(job)
-    headers = {USER_HEADER: user, "Content-Type": ctype}
+    headers = {ON_BEHALF_HEADER: user, "Content-Type": ctype}
     if flow_run_id:
         headers[FLOW_RUN_HEADER] = str(flow_run_id)
     try:

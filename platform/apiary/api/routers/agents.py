@@ -6,8 +6,19 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
+from apiary.api.auth import Admin, NodeAgent
 from apiary.api.deps import Plane, Waiters
-from apiary.api.schemas import ERROR_RESPONSES, Assignments, Fault, FaultRequest, LogAppended, NodeReport, NodeReportAck
+from apiary.api.schemas import (
+    ERROR_RESPONSES,
+    MAX_OFFSET,
+    MAX_SEQ,
+    Assignments,
+    Fault,
+    FaultRequest,
+    LogAppended,
+    NodeReport,
+    NodeReportAck,
+)
 from apiary.errors import ValidationError
 
 router = APIRouter(prefix="/api/v2/nodes/{node}", tags=["node agents"], responses=ERROR_RESPONSES)
@@ -22,8 +33,9 @@ _LOG_BODY = {
 
 
 @router.post("/status", response_model=NodeReportAck)
-def node_status(node: str, report: NodeReport, plane: Plane) -> dict:
-    """The agent's heartbeat and its runs' statuses (idempotent)."""
+def node_status(node: str, report: NodeReport, plane: Plane, _agent: NodeAgent) -> dict:
+    """The agent's heartbeat and its runs' statuses (idempotent). The node's own agent only; a run
+    placed on another node is acknowledged and ignored (logged)."""
     return plane.node_report(
         node,
         gpus=report.gpus,
@@ -39,8 +51,8 @@ def node_status(node: str, report: NodeReport, plane: Plane) -> dict:
 # Fault and assignment dicts carry only the fault kinds that were given; exclude_unset keeps it so
 # (the agent passes every other key of a fault to the GPU simulator).
 @router.post("/faults", response_model=Fault, response_model_exclude_unset=True)
-def node_fault(node: str, body: FaultRequest, plane: Plane) -> dict:
-    """Queue a fault for the node's simulated GPUs; its agent applies it on its next long poll."""
+def node_fault(node: str, body: FaultRequest, plane: Plane, _caller: Admin) -> dict:
+    """Queue a fault for the node's simulated GPUs; its agent applies it on its next long poll. Admins only."""
     if body.clear:
         return plane.inject_fault(node, body.gpu, clear=True)
     kinds = {"ecc_dbe": body.eccDbe, "ecc_sbe": body.eccSbe, "xid": body.xid, "temp": body.temp}
@@ -51,9 +63,11 @@ def node_fault(node: str, body: FaultRequest, plane: Plane) -> dict:
 
 @router.get("/assignments", response_model=Assignments, response_model_exclude_unset=True)
 async def assignments(
-    node: str, plane: Plane, waiters: Waiters, generation: int | None = None, wait: float = Query(default=0, le=60)
+    node: str, plane: Plane, waiters: Waiters, _agent: NodeAgent,
+    generation: int | None = Query(default=None, ge=-MAX_SEQ, le=MAX_SEQ), wait: float = Query(default=0, ge=0, le=60),
 ) -> dict:
-    """Long poll: answers when the node's generation differs from ``generation`` or after ``wait`` s."""
+    """Long poll: answers when the node's generation differs from ``generation`` or after ``wait`` s.
+    The node's own agent only: the launches carry the jobs' secrets."""
     if generation is not None and wait > 0 and plane.node_generation(node) == generation:
         await waiters.wait(node, wait)
     gen = plane.node_generation(node)  # read first: a change after it makes the agent poll again at once
@@ -65,7 +79,11 @@ async def assignments(
 
 
 @router.post("/logs", response_model=LogAppended, openapi_extra=_LOG_BODY)
-async def node_logs(node: str, request: Request, plane: Plane, runId: str, stream: str, offset: int) -> dict:
-    """Raw log bytes of one run's stream starting at byte ``offset`` (idempotent on resend)."""
+async def node_logs(
+    node: str, request: Request, plane: Plane, _agent: NodeAgent, runId: str = Query(max_length=400),
+    stream: str = Query(max_length=8), offset: int = Query(ge=0, le=MAX_OFFSET),
+) -> dict:
+    """Raw log bytes of one run's stream starting at byte ``offset`` (idempotent on resend). The
+    node's own agent only, for runs placed on the node."""
     data = await request.body()
-    return {"size": await run_in_threadpool(plane.append_log, runId, stream, offset, data)}
+    return {"size": await run_in_threadpool(plane.append_log, runId, stream, offset, data, node=node)}

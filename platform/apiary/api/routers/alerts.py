@@ -4,21 +4,31 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query
 
+from apiary.api.auth import Admin, Caller
 from apiary.api.deps import Receiver
 from apiary.api.schemas import ERROR_RESPONSES, AlertsPage, WebhookResult
+from apiary.errors import ForbiddenError
 from apiary.ops.alerts import AlertmanagerPayload
 
 router = APIRouter(prefix="/api/v2/alerts", tags=["alerts"], responses=ERROR_RESPONSES)
 
 
 @router.post("/webhook", response_model=WebhookResult)
-def alert_webhook(payload: AlertmanagerPayload, receiver: Receiver, action: list[str] = Query(default=[])) -> dict:
-    """Alertmanager's webhook (version 4). ``?action=cordon-node&action=email-admin`` runs those
-    actions (a receiver per action, OpenPAI's style); without it the actions config decides."""
+def alert_webhook(
+    payload: AlertmanagerPayload, receiver: Receiver, caller: Caller,
+    action: list[str] = Query(default=[], max_length=20),
+) -> dict:
+    """Alertmanager's webhook (version 4), with the Alertmanager service token (or an admin's).
+    ``?action=cordon-node&action=email-admin`` runs those actions (a receiver per action, OpenPAI's
+    style; admins only); without it the actions config decides."""
+    if not (caller.is_alertmanager or caller.admin):
+        raise ForbiddenError(f"Only Alertmanager and admins may post alerts; you are {caller.describe()}.")
+    if action and not caller.admin:
+        raise ForbiddenError("Only admins may choose the actions (?action=); Alertmanager's run the actions config.")
     return {"actions": receiver.receive(payload, action or None)}
 
 
 @router.get("", response_model=AlertsPage)
-def alerts(receiver: Receiver, limit: int = 100) -> dict:
-    """The newest ``limit`` stored alerts and action runs."""
+def alerts(receiver: Receiver, _caller: Admin, limit: int = Query(default=100, ge=1, le=5000)) -> dict:
+    """The newest ``limit`` stored alerts and action runs. Admins only."""
     return {"alerts": receiver.recent(limit), "actions": receiver.recent_actions(limit)}

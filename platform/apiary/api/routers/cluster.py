@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
+from apiary.api.auth import Admin, AdminOrBridge, People
 from apiary.api.deps import Plane
 from apiary.api.schemas import ERROR_RESPONSES, ClusterStatus, CycleResultJson, ReconfigureResult
 
@@ -20,21 +21,22 @@ _CONFIG_BODY = {
 
 
 @router.post("/scheduler/cycle", response_model=CycleResultJson)
-def cycle(plane: Plane) -> dict:
-    """Run one scheduling cycle now (the scheduling loop runs them on its own too)."""
+def cycle(plane: Plane, _caller: AdminOrBridge) -> dict:
+    """Run one scheduling cycle now (the scheduling loop runs them on its own too). Admins and the
+    bridge (the scheduling flow) only."""
     return plane.cycle().to_dict()
 
 
 @router.get("/cluster/status", response_model=ClusterStatus)
-def cluster_status(plane: Plane, vc: str | None = None) -> dict:
+def cluster_status(plane: Plane, _caller: People, vc: str | None = Query(default=None, max_length=100)) -> dict:
     """The scheduler's view: VCs (quota / used / free / opportunistic / bad cells per level),
     nodes, groups' placements, reservations; ``vc`` narrows it to one virtual cluster (404 if unknown)."""
     return plane.cluster_status(vc)
 
 
 @router.put("/cluster/config", response_model=ReconfigureResult, openapi_extra=_CONFIG_BODY)
-async def cluster_config(request: Request, plane: Plane) -> dict:
+async def cluster_config(request: Request, plane: Plane, _caller: Admin) -> dict:
     """Apply a changed HiveD config with jobs running (see ``ControlPlane.reconfigure``); an illegal
     config is a 400 naming the field (the checks of ``apiary.control.config.check_cluster_config``)
-    and changes nothing."""
+    and changes nothing. Admins only."""
     return await run_in_threadpool(plane.reconfigure, await request.body())

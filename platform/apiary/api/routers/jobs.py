@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, Response
 
+from apiary.api.auth import AdminOrBridge, People, Submitter
 from apiary.api.deps import Plane
-from apiary.api.schemas import ERROR_RESPONSES, ErrorBody, EventsPage, ExecutionType, FlowRunRef, JobJson
-from apiary.errors import ValidationError
+from apiary.api.schemas import (
+    ERROR_RESPONSES,
+    MAX_INDEX,
+    MAX_OFFSET,
+    MAX_SEQ,
+    ErrorBody,
+    EventsPage,
+    ExecutionType,
+    FlowRunRef,
+    JobJson,
+)
+from apiary.auth import Principal
+from apiary.control import ControlPlane
+from apiary.errors import ForbiddenError, NotFoundError, ValidationError
+from apiary.spec.job import JobSpec
 
 router = APIRouter(prefix="/api/v2", tags=["jobs"], responses=ERROR_RESPONSES)
 
@@ -21,52 +37,88 @@ _JOB_BODY = {
 }
 
 
+def _visible(plane: ControlPlane, caller: Principal, job_id: str) -> tuple[str, str]:
+    """The job's ``(user, vc)`` if ``caller`` may see it; 404 otherwise (no hint it exists)."""
+    user, vc = plane.job_owner(job_id)
+    if not caller.may_see(user, vc):
+        raise NotFoundError(f"Job {job_id} not found.")
+    return user, vc
+
+
+def _owned(plane: ControlPlane, caller: Principal, job_id: str, what: str) -> None:
+    user, _vc = _visible(plane, caller, job_id)
+    if not caller.owns(user):
+        raise ForbiddenError(f"Only {user} and admins may {what} job {job_id}; you are {caller.describe()}.")
+
+
+def vc_check(who: Principal) -> Callable[[JobSpec], None]:
+    """Refuse a spec whose virtual cluster ``who``'s groups do not grant (OpenPAI's message)."""
+    def check(spec: JobSpec) -> None:
+        if not who.can_use(spec.virtual_cluster):
+            raise ForbiddenError(f"User {who.name} has no access to virtual cluster {spec.virtual_cluster}.")
+    return check
+
+
 @router.post("/jobs", status_code=202, response_model=JobJson, openapi_extra=_JOB_BODY)
 async def submit(
     request: Request,
     plane: Plane,
-    x_apiary_user: str | None = Header(default=None),
-    x_apiary_flow_run_id: str | None = Header(default=None),
-    user: str | None = Query(default=None),
+    who: Submitter,
+    x_apiary_flow_run_id: str | None = Header(default=None, max_length=64),
 ) -> dict:
-    """Accept a job; 202 once it is durable. The user comes from ``X-Apiary-User`` (or ``?user=``)."""
+    """Accept a job for the calling user; 202 once it is durable. Only the Prefect bridge may name
+    another (existing) user, with ``X-Apiary-On-Behalf-Of``."""
     body = await request.body()
-    who = x_apiary_user or user
-    if not who:
-        raise ValidationError("user", "missing: send the X-Apiary-User header")
-    return await run_in_threadpool(plane.submit, body, who, flow_run_id=x_apiary_flow_run_id)
+    limiter = getattr(request.app.state, "limiter", None)
+    if limiter is not None and not who.admin:
+        limiter.hit_submit(who.name)
+    return await run_in_threadpool(plane.submit, body, who.name, flow_run_id=x_apiary_flow_run_id,
+                                   authorize=vc_check(who))
 
 
 @router.post("/jobs/{job_id}/clone", status_code=202, response_model=JobJson)
-async def clone(job_id: str, plane: Plane, x_apiary_flow_run_id: str | None = Header(default=None)) -> dict:
+async def clone(job_id: str, plane: Plane, caller: People,
+                x_apiary_flow_run_id: str | None = Header(default=None, max_length=64)) -> dict:
     """Submit a copy of the job as ``<name>-retry<N>`` (the Retry button of its Prefect flow run);
-    ``X-Apiary-Flow-Run-Id`` attaches the copy to that flow run. 202: the new job."""
-    return await run_in_threadpool(plane.clone, job_id, flow_run_id=x_apiary_flow_run_id)
+    ``X-Apiary-Flow-Run-Id`` attaches the copy to that flow run. 202: the new job. The job's owner,
+    admins and the bridge only; the copy still needs a VC its owner may use."""
+    _owned(plane, caller, job_id, "clone")
+    # An owner's copy needs a VC they may still use; admins and the bridge act for the owner.
+    check = vc_check(caller) if caller.kind == "user" and not caller.admin else None
+    return await run_in_threadpool(plane.clone, job_id, flow_run_id=x_apiary_flow_run_id, authorize=check)
 
 
 @router.get("/jobs", response_model=list[JobJson])
 def list_jobs(
-    plane: Plane, username: str | None = None, virtualCluster: str | None = None, state: str | None = None
+    plane: Plane, caller: People, username: str | None = Query(default=None, max_length=64),
+    virtualCluster: str | None = Query(default=None, max_length=100),
+    state: str | None = Query(default=None, max_length=16),
 ) -> list[dict]:
-    """Jobs in submission order, filtered by user, VC and state (any case)."""
-    return plane.list_jobs(user=username, virtual_cluster=virtualCluster, state=state)
+    """Jobs in submission order, filtered by user, VC and state (any case): the caller's own jobs
+    and those of the virtual clusters their groups grant (admins and the bridge: all)."""
+    visible = None if caller.sees_all_jobs() else (caller.name, caller.virtual_clusters)
+    return plane.list_jobs(user=username, virtual_cluster=virtualCluster, state=state, visible_to=visible)
 
 
 @router.get("/jobs/{job_id}", response_model=JobJson)
-def get_job(job_id: str, plane: Plane) -> dict:
+def get_job(job_id: str, plane: Plane, caller: People) -> dict:
+    """One job (404 also for a job the caller may not see)."""
+    _visible(plane, caller, job_id)
     return plane.get_job(job_id)
 
 
 @router.put("/jobs/{job_id}/executionType", response_model=JobJson)
-def execution_type(job_id: str, body: ExecutionType, plane: Plane) -> dict:
-    """``{"value": "STOP"}`` stops the job (idempotent); the job as it is after the request."""
+def execution_type(job_id: str, body: ExecutionType, plane: Plane, caller: People) -> dict:
+    """``{"value": "STOP"}`` stops the job (idempotent); the job as it is after the request. The
+    job's owner, admins and the bridge (Cancel in the Prefect UI) only."""
     if body.value.upper() != "STOP":
         raise ValidationError("value", f"unsupported executionType {body.value!r}; only STOP is supported")
+    _owned(plane, caller, job_id, "stop")
     return plane.stop(job_id)
 
 
 @router.put("/jobs/{job_id}/flowRun", status_code=204, response_class=Response)
-def flow_run(job_id: str, body: FlowRunRef, plane: Plane) -> Response:
+def flow_run(job_id: str, body: FlowRunRef, plane: Plane, _caller: AdminOrBridge) -> Response:
     """Record the Prefect flow run the job is mirrored into (the bridge calls it)."""
     plane.set_flow_run(job_id, body.id)
     return Response(status_code=204)
@@ -89,18 +141,26 @@ _JSON_ERRORS = {
 def logs(
     job_id: str,
     plane: Plane,
-    taskRole: str | None = None,
-    index: int = 0,
-    attempt: int | None = None,
-    stream: str = "stdout",
-    offset: int = 0,
+    caller: People,
+    taskRole: str | None = Query(default=None, max_length=100),
+    index: int = Query(default=0, ge=0, le=MAX_INDEX),
+    attempt: int | None = Query(default=None, ge=0, le=MAX_INDEX),
+    stream: str = Query(default="stdout", max_length=8),
+    offset: int = Query(default=0, ge=0, le=MAX_OFFSET),
 ) -> str:
     """A task instance's ``stream`` (stdout | stderr | all) from byte ``offset``, every run of the
-    attempt (default: all attempts) oldest first; ``taskRole`` defaults to the first role."""
+    attempt (default: all attempts) oldest first; ``taskRole`` defaults to the first role. The
+    job's owner, admins and the bridge only."""
+    _owned(plane, caller, job_id, "read the logs of")
     return plane.read_logs(job_id, task_role=taskRole, index=index, attempt=attempt, stream=stream, offset=offset)
 
 
 @router.get("/events", response_model=EventsPage)
-def events(plane: Plane, after: int = 0, limit: int = 500, jobId: str | None = None) -> dict:
-    """The job event log after ``after`` (a seq), at most ``limit`` (1..5000) events, optionally one job's."""
-    return {"events": plane.events(after, limit, jobId)}
+def events(
+    plane: Plane, caller: People, after: int = Query(default=0, ge=0, le=MAX_SEQ),
+    limit: int = Query(default=500, ge=1, le=5000), jobId: str | None = Query(default=None, max_length=300),
+) -> dict:
+    """The job event log after ``after`` (a seq), at most ``limit`` (1..5000) events, optionally one
+    job's. Users see the events of their own jobs; admins and the bridge all."""
+    user = None if caller.sees_all_jobs() else caller.name
+    return {"events": plane.events(after, limit, jobId, user=user)}

@@ -1,0 +1,216 @@
+"""Request guards of the REST API: a request-body size cap and per-principal rate limits.
+
+Issue "Tenancy and security", item "Bounded input": no caller can make the API read an unbounded
+body or serve one user's flood at everyone else's expense.
+
+* :class:`BodyLimitMiddleware` (pure ASGI, wraps the whole app) answers 413 to a body over
+  ``max_bytes`` (default 1 MiB) and 400 to a malformed ``Content-Length``; it streams, never
+  buffers.
+* :class:`RateLimiter` counts API calls and job submissions per principal (``limits``, moving
+  window, in memory) and raises :class:`~apiary.errors.TooManyRequestsError` with ``retry_after``;
+  :func:`error_headers` turns that into the ``Retry-After`` header of the app's error answer.
+
+Which principals are exempt (node agents, service tokens) is the caller's decision, not this
+module's: it limits whatever key it is given.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from limits import RateLimitItem, parse
+from limits.storage import MemoryStorage
+from limits.strategies import MovingWindowRateLimiter
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from apiary.errors import ApiaryError, PayloadTooLargeError, TooManyRequestsError, ValidationError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 1_048_576
+"""1 MiB: nginx's default ``client_max_body_size`` (``1m``). A job spec is a few KiB; OpenPAI's
+rest-server parses JSON bodies with body-parser's default limit, 100 KiB."""
+
+DEFAULT_CALL_LIMIT = "600/minute"
+"""API calls per principal: OpenPAI rest-server's ``RATE_LIMIT_API_PER_MIN`` default, 600
+(``src/rest-server/src/config/rate-limit.js``; OpenPAI keys it by client IP, Apiary by principal)."""
+
+DEFAULT_SUBMIT_LIMIT = "3600/hour"
+"""Job submissions per principal: one a second sustained. Looser than OpenPAI's
+``RATE_LIMIT_SUBMIT_JOB_PER_HOUR`` default (60 an hour per user, same file); set ``"60/hour"`` for
+OpenPAI's behaviour."""
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The request's declared body size in bytes, or None when it sends no ``Content-Length``.
+
+    Raises ValidationError (field ``Content-Length``) for a value that is not ASCII digits, or for
+    several headers that disagree (RFC 9110 section 8.6: a recipient must reject those).
+    """
+    values = {value.strip() for name, value in headers if name.lower() == b"content-length"}
+    if not values:
+        return None
+    if len(values) > 1:
+        raise ValidationError("Content-Length", "several different values")
+    (value,) = values
+    # bytes.isdigit is ASCII-only ("²" or "-1" are refused); int() alone would take "+1" or "1_0".
+    if not value.isdigit():
+        raise ValidationError("Content-Length", f"not a byte count: {value.decode('latin-1')!r}")
+    return int(value)
+
+
+class _BodyState:
+    """What one request's body and response have done so far (one instance per request)."""
+
+    def __init__(self) -> None:
+        self.received = 0  # body bytes handed to the app so far
+        self.exceeded = False  # the body went over the limit; the app was told so by an exception
+        self.app_started = False  # the app sent http.response.start before the body went over
+
+
+class BodyLimitMiddleware:
+    """Pure ASGI middleware: request bodies over ``max_bytes`` are answered 413.
+
+    1. ``Content-Length`` malformed: 400 (``ValidationError``, field ``Content-Length``) at once.
+    2. ``Content-Length`` over the limit: 413 at once; the app is not called, the body not read.
+    3. Otherwise (a truthful length, or chunked with none) the bytes are counted as the app reads
+       them. The ``http.request`` message that takes the count over the limit is not handed on:
+       the app's ``receive`` raises :class:`~apiary.errors.PayloadTooLargeError` instead, and
+       whatever the app answers to that (FastAPI turns any failure while reading a body into its
+       own 400) is dropped and replaced with the 413. If the app had already started its response
+       the status cannot change: the app gets the exception and its response goes out as it is.
+
+    The error bodies have the app's error shape, ``ApiaryError.to_dict()``: for the 413
+    ``{"code": "PayloadTooLarge", "message": ..., "field": "body"}``. Nothing is buffered: each
+    chunk passes through as it arrives. Scopes other than ``http`` (websocket, lifespan) pass
+    through untouched. Raises ValueError for a negative ``max_bytes``.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            declared = _content_length(scope["headers"])
+        except ValidationError as exc:
+            await _answer(exc, scope, receive, send)
+            return
+        if declared is not None and declared > self.max_bytes:
+            logger.info("body too large: declared_bytes=%d limit_bytes=%d path=%s",
+                        declared, self.max_bytes, scope.get("path", ""))
+            await _answer(PayloadTooLargeError(self.max_bytes), scope, receive, send)
+            return
+
+        state = _BodyState()
+
+        async def counting_receive() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                state.received += len(message.get("body", b""))
+                if state.received > self.max_bytes:
+                    state.exceeded = True
+                    raise PayloadTooLargeError(self.max_bytes)
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            if state.exceeded and not state.app_started:
+                return  # the app's answer to a body cut short: the 413 below replaces it
+            if message["type"] == "http.response.start":
+                state.app_started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, guarded_send)
+        except Exception:
+            if not state.exceeded or state.app_started:
+                raise
+            # The app failed because its receive raised (or on the body it got cut short): the
+            # request's answer is the 413, not the app's error.
+            logger.debug("app failed on a body over the limit", exc_info=True)
+        if state.exceeded and not state.app_started:
+            logger.info("body too large: received_bytes>=%d limit_bytes=%d path=%s",
+                        state.received, self.max_bytes, scope.get("path", ""))
+            await _answer(PayloadTooLargeError(self.max_bytes), scope, receive, send)
+
+
+async def _answer(exc: ApiaryError, scope: Scope, receive: Receive, send: Send) -> None:
+    """Send ``exc`` as the app's error handler would: ``exc.to_dict()`` with ``exc.status_code``."""
+    await JSONResponse(exc.to_dict(), status_code=exc.status_code)(scope, receive, send)
+
+
+class RateLimiter:
+    """Per-principal rate limits on API calls and on job submissions, in this process's memory.
+
+    ``call_limit`` and ``submit_limit`` are strings in the ``limits`` notation (``"600/minute"``,
+    ``"5 per second"``, ``"3600/hour"``); ValueError (naming the limit) for one that does not parse.
+
+    Strategy: moving window (``limits``' MovingWindowRateLimiter). A fixed window lets a caller
+    send twice the limit within a second across a window boundary; the moving window never admits
+    more than the limit in any window-long span, and its reset time (when the oldest hit in the
+    window ages out) gives an exact ``Retry-After``. Its cost is one timestamp per hit in the
+    window per key (at the defaults, at most 600 + 3600 per active principal), which memory
+    storage holds easily. (Fixed-window-elastic, which pushes the window on with every hit, is
+    deprecated in ``limits`` 4.1 and gone in 5.)
+
+    Counts live in memory: they start at zero when the process starts and are not shared between
+    API processes (one control plane serves the API). Thread-safe: MemoryStorage locks per key.
+    """
+
+    def __init__(self, call_limit: str = DEFAULT_CALL_LIMIT, submit_limit: str = DEFAULT_SUBMIT_LIMIT) -> None:
+        self.call_limit = _parse_limit("call_limit", call_limit)
+        self.submit_limit = _parse_limit("submit_limit", submit_limit)
+        self._limiter = MovingWindowRateLimiter(MemoryStorage())
+
+    def hit_call(self, key: str) -> None:
+        """Count one API call by principal ``key`` (a user name: it is logged, so never a secret).
+
+        Raises TooManyRequestsError (``retry_after`` in seconds, >= 1) when ``key`` has used up
+        its calls; a refused call does not count.
+        """
+        self._hit(self.call_limit, "call", "API calls", key)
+
+    def hit_submit(self, key: str) -> None:
+        """Count one job submission by principal ``key``; a separate budget from :meth:`hit_call`
+        (a submission is usually also a call: the caller counts both).
+
+        Raises TooManyRequestsError (``retry_after`` in seconds, >= 1) when ``key`` has used up
+        its submissions; a refused submission does not count.
+        """
+        self._hit(self.submit_limit, "submit", "job submissions", key)
+
+    def _hit(self, item: RateLimitItem, namespace: str, what: str, key: str) -> None:
+        # The namespace keeps the two budgets apart even when both limits are the same string
+        # (limits' storage key is the limit plus the identifiers).
+        if self._limiter.hit(item, namespace, key):
+            return
+        reset_time = self._limiter.get_window_stats(item, namespace, key).reset_time
+        # limits stamps hits with time.time(), so the wait is measured against the same clock.
+        retry_after = max(1, math.ceil(reset_time - time.time()))
+        logger.info("rate limited: key=%s limit=%s kind=%s retry_after_s=%d", key, item, namespace, retry_after)
+        raise TooManyRequestsError(f"too many {what}: the limit is {item}; retry in {retry_after} s",
+                                   retry_after=retry_after)
+
+
+def _parse_limit(name: str, text: str) -> RateLimitItem:
+    """``text`` in the ``limits`` notation as a RateLimitItem; ValueError naming ``name`` if it is not."""
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise ValueError(f"{name}: not a rate limit {text!r} (want e.g. '600/minute')") from e
+
+
+def error_headers(exc: Exception) -> dict[str, str]:
+    """Headers the app's error answer to ``exc`` carries: ``{"Retry-After": "<seconds>"}`` for a
+    TooManyRequestsError with ``retry_after`` set, else ``{}``."""
+    if isinstance(exc, TooManyRequestsError) and exc.retry_after is not None:
+        return {"Retry-After": str(exc.retry_after)}
+    return {}

@@ -1,0 +1,323 @@
+"""Users, groups, grants and tokens in the store, and token verification.
+
+The store is the truth; :class:`Directory` keeps a small cache of verified tokens (token id ->
+principal) for ``cache_ttl_s`` so a request costs no query. Every write through the directory
+clears the cache at once; a write by another process (there is one control plane, so only a
+migration or a manual SQL change) is seen within ``cache_ttl_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from apiary.auth import tokens
+from apiary.auth.principal import SERVICES, Kind, Principal
+from apiary.control.work import store_errors
+from apiary.errors import ConflictError, NotFoundError, UnauthorizedError, ValidationError
+from apiary.store.models import Group, GroupGrant, GroupMember, Token, User
+
+logger = logging.getLogger(__name__)
+
+#: OpenPAI user and group names: letters, digits, ``_`` and ``-``.
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: Personal tokens last 90 days unless asked otherwise (GitHub's default for fine-grained tokens is 30).
+DEFAULT_TOKEN_TTL_S = 90 * 86400.0
+
+
+def check_name(field: str, name: str) -> str:
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise ValidationError(field, f"invalid name {name!r}: 1-64 letters, digits, '_' or '-'")
+    return name
+
+
+@dataclass(frozen=True)
+class NewToken:
+    """A created token: ``token`` is shown once; ``info`` is what ``list_tokens`` shows of it."""
+
+    token: str
+    info: dict
+
+
+def _token_info(row: Token) -> dict:
+    return {"id": row.id, "kind": row.kind, "subject": row.subject, "description": row.description,
+            "created": row.created, "expires": row.expires, "revoked": row.revoked}
+
+
+class Directory:
+    """Identity over ``sessions``. Thread-safe. Writes raise ValidationError (bad name),
+    NotFoundError, ConflictError (exists), UnavailableError (503: the store cannot commit)."""
+
+    def __init__(self, sessions: sessionmaker[Session], *, clock: Callable[[], float] = time.time,
+                 cache_ttl_s: float = 5.0) -> None:
+        self._sessions = sessions
+        self._clock = clock
+        self._ttl = cache_ttl_s
+        self._cache: dict[str, tuple[str, Principal, float]] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ verification
+    def authenticate(self, token: str | None) -> Principal:
+        """The principal ``token`` stands for. Raises UnauthorizedError for a missing, malformed,
+        unknown, wrong, expired or revoked token (one message for all but expiry: no oracle)."""
+        if not token:
+            raise UnauthorizedError("Missing credential: send 'Authorization: Bearer <token>'.")
+        parts = tokens.split(token)
+        if parts is None:
+            raise UnauthorizedError("Invalid token.")
+        token_id, secret = parts
+        now = self._clock()
+        with self._lock:
+            hit = self._cache.get(token_id)
+        if hit is not None and now - hit[2] < self._ttl:
+            stored, principal = hit[0], hit[1]
+        else:
+            loaded = self._load(token_id, now)
+            if loaded is None:
+                raise UnauthorizedError("Invalid token.")
+            stored, principal = loaded
+            with self._lock:
+                self._cache[token_id] = (stored, principal, now)
+        if not tokens.matches(secret, stored):
+            raise UnauthorizedError("Invalid token.")
+        if principal.expires is not None and principal.expires <= now:
+            raise UnauthorizedError(f"Token {token_id} expired; create a new one (apiary token create).")
+        return principal
+
+    def _load(self, token_id: str, now: float) -> tuple[str, Principal] | None:
+        with self._sessions() as s:
+            row = s.get(Token, token_id)
+            if row is None or row.revoked is not None:
+                return None
+            if row.kind == "user":
+                user = s.get(User, row.subject)
+                if user is None:
+                    return None
+                principal = self._user_principal(s, row.subject, token_id, row.expires)
+            else:
+                principal = Principal(kind=row.kind, name=row.subject, token_id=token_id,  # type: ignore[arg-type]
+                                      expires=row.expires)
+            return row.digest, principal
+
+    @staticmethod
+    def _user_principal(s: Session, name: str, token_id: str, expires: float | None) -> Principal:
+        groups = list(s.scalars(select(Group).join(GroupMember, GroupMember.group == Group.name)
+                                .where(GroupMember.user == name)))
+        names = frozenset(g.name for g in groups)
+        vcs = frozenset(s.scalars(select(GroupGrant.virtual_cluster).where(GroupGrant.group.in_(names)))) \
+            if names else frozenset()
+        return Principal(kind="user", name=name, token_id=token_id, admin=any(g.admin for g in groups),
+                         groups=names, virtual_clusters=vcs, expires=expires)
+
+    def user_principal(self, name: str) -> Principal:
+        """The principal of user ``name`` acting through a service (the Prefect portal's submit).
+        Raises NotFoundError for a user that does not exist."""
+        with self._sessions() as s:
+            if s.get(User, name) is None:
+                raise NotFoundError(f"User {name} not found.")
+            return self._user_principal(s, name, token_id="", expires=None)
+
+    def _changed(self) -> None:
+        with self._lock:
+            self._cache.clear()
+
+    # ------------------------------------------------------------------ users and groups
+    def list_users(self) -> list[dict]:
+        """``[{"name", "email", "groups", "virtualClusters", "admin"}]`` sorted by name."""
+        with self._sessions() as s:
+            out = []
+            for u in s.scalars(select(User).order_by(User.name)):
+                p = self._user_principal(s, u.name, "", None)
+                out.append({"name": u.name, "email": u.email, "groups": sorted(p.groups),
+                            "virtualClusters": sorted(p.virtual_clusters), "admin": p.admin})
+            return out
+
+    def get_user(self, name: str) -> dict:
+        for u in self.list_users():
+            if u["name"] == name:
+                return u
+        raise NotFoundError(f"User {name} not found.")
+
+    def create_user(self, name: str, *, groups: Iterable[str] = (), email: str | None = None,
+                    exist_ok: bool = False) -> dict:
+        """Create user ``name`` in ``groups`` (which must exist)."""
+        check_name("username", name)
+        groups = [check_name("groups", g) for g in groups]
+        with self._sessions() as s, store_errors("create user"):
+            if s.get(User, name) is not None:
+                if exist_ok:
+                    return self.get_user(name)
+                raise ConflictError(f"User {name} already exists.")
+            for g in groups:
+                if s.get(Group, g) is None:
+                    raise NotFoundError(f"Group {g} not found.")
+            s.add(User(name=name, email=email, created=self._clock()))
+            s.flush()
+            for g in groups:
+                s.add(GroupMember(group=g, user=name))
+            s.commit()
+        self._changed()
+        logger.info("user created name=%s groups=%s", name, ",".join(groups))
+        return self.get_user(name)
+
+    def delete_user(self, name: str) -> None:
+        """Delete the user, their memberships, and revoke their tokens. Their jobs stay."""
+        with self._sessions() as s, store_errors("delete user"):
+            if s.get(User, name) is None:
+                raise NotFoundError(f"User {name} not found.")
+            s.execute(delete(GroupMember).where(GroupMember.user == name))
+            for t in s.scalars(select(Token).where(Token.kind == "user", Token.subject == name,
+                                                   Token.revoked.is_(None))):
+                t.revoked = self._clock()
+            s.execute(delete(User).where(User.name == name))
+            s.commit()
+        self._changed()
+
+    def list_groups(self) -> list[dict]:
+        """``[{"name", "admin", "description", "members", "virtualClusters"}]`` sorted by name."""
+        with self._sessions() as s:
+            members: dict[str, list[str]] = {}
+            for m in s.scalars(select(GroupMember).order_by(GroupMember.user)):
+                members.setdefault(m.group, []).append(m.user)
+            grants: dict[str, list[str]] = {}
+            for gr in s.scalars(select(GroupGrant).order_by(GroupGrant.virtual_cluster)):
+                grants.setdefault(gr.group, []).append(gr.virtual_cluster)
+            return [{"name": g.name, "admin": g.admin, "description": g.description,
+                     "members": members.get(g.name, []), "virtualClusters": grants.get(g.name, [])}
+                    for g in s.scalars(select(Group).order_by(Group.name))]
+
+    def get_group(self, name: str) -> dict:
+        for g in self.list_groups():
+            if g["name"] == name:
+                return g
+        raise NotFoundError(f"Group {name} not found.")
+
+    def create_group(self, name: str, *, admin: bool = False, description: str = "",
+                     virtual_clusters: Iterable[str] = (), exist_ok: bool = False) -> dict:
+        """Create group ``name`` granting ``virtual_clusters`` (the caller checks they exist)."""
+        check_name("groupname", name)
+        with self._sessions() as s, store_errors("create group"):
+            if s.get(Group, name) is not None:
+                if exist_ok:
+                    return self.get_group(name)
+                raise ConflictError(f"Group {name} already exists.")
+            s.add(Group(name=name, admin=admin, description=description, created=self._clock()))
+            s.flush()
+            for vc in sorted(set(virtual_clusters)):
+                s.add(GroupGrant(group=name, virtual_cluster=vc))
+            s.commit()
+        self._changed()
+        return self.get_group(name)
+
+    def delete_group(self, name: str) -> None:
+        with self._sessions() as s, store_errors("delete group"):
+            if s.get(Group, name) is None:
+                raise NotFoundError(f"Group {name} not found.")
+            s.execute(delete(GroupMember).where(GroupMember.group == name))
+            s.execute(delete(GroupGrant).where(GroupGrant.group == name))
+            s.execute(delete(Group).where(Group.name == name))
+            s.commit()
+        self._changed()
+
+    def set_member(self, group: str, user: str, member: bool = True) -> dict:
+        """Add ``user`` to ``group`` (or remove them). Idempotent."""
+        with self._sessions() as s, store_errors("group membership"):
+            if s.get(Group, group) is None:
+                raise NotFoundError(f"Group {group} not found.")
+            if s.get(User, user) is None:
+                raise NotFoundError(f"User {user} not found.")
+            row = s.get(GroupMember, (group, user))
+            if member and row is None:
+                s.add(GroupMember(group=group, user=user))
+            elif not member and row is not None:
+                s.delete(row)
+            s.commit()
+        self._changed()
+        return self.get_group(group)
+
+    def set_grant(self, group: str, virtual_cluster: str, granted: bool = True) -> dict:
+        """Grant ``group`` the use of ``virtual_cluster`` (or take it back). Idempotent."""
+        with self._sessions() as s, store_errors("group grant"):
+            if s.get(Group, group) is None:
+                raise NotFoundError(f"Group {group} not found.")
+            row = s.get(GroupGrant, (group, virtual_cluster))
+            if granted and row is None:
+                s.add(GroupGrant(group=group, virtual_cluster=virtual_cluster))
+            elif not granted and row is not None:
+                s.delete(row)
+            s.commit()
+        self._changed()
+        return self.get_group(group)
+
+    # ------------------------------------------------------------------ tokens
+    def create_token(self, kind: Kind, subject: str, *, description: str = "",
+                     expires_in_s: float | None = None) -> NewToken:
+        """A new token for ``subject`` (a user, node or service name). ``expires_in_s`` None:
+        never expires. Raises NotFoundError for an unknown user, ValidationError for an unknown
+        service or a non-positive lifetime."""
+        if expires_in_s is not None and expires_in_s <= 0:
+            raise ValidationError("expiresInS", "must be positive (seconds)")
+        if kind == "service" and subject not in SERVICES:
+            raise ValidationError("subject", f"unknown service {subject!r}; one of {', '.join(SERVICES)}")
+        minted = tokens.mint()
+        now = self._clock()
+        with self._sessions() as s, store_errors("create token"):
+            if kind == "user" and s.get(User, subject) is None:
+                raise NotFoundError(f"User {subject} not found.")
+            row = Token(id=minted.id, digest=minted.digest, kind=kind, subject=subject, description=description,
+                        created=now, expires=None if expires_in_s is None else now + expires_in_s)
+            s.add(row)
+            try:
+                s.commit()
+            except IntegrityError as e:  # 48-bit id collision: astronomically rare, still an error
+                raise ConflictError("token id collision; try again") from e
+            info = _token_info(row)
+        logger.info("token created id=%s kind=%s subject=%s", minted.id, kind, subject)
+        return NewToken(minted.token, info)
+
+    def list_tokens(self, *, kind: Kind | None = None, subject: str | None = None) -> list[dict]:
+        """Token metadata (never the secret), newest first."""
+        with self._sessions() as s:
+            q = select(Token).order_by(Token.created.desc())
+            if kind:
+                q = q.where(Token.kind == kind)
+            if subject:
+                q = q.where(Token.subject == subject)
+            return [_token_info(t) for t in s.scalars(q)]
+
+    def token_info(self, token_id: str) -> dict:
+        with self._sessions() as s:
+            row = s.get(Token, token_id)
+            if row is None:
+                raise NotFoundError(f"Token {token_id} not found.")
+            return _token_info(row)
+
+    def revoke_token(self, token_id: str) -> dict:
+        """Revoke a token (idempotent); it stops working at once in this process."""
+        with self._sessions() as s, store_errors("revoke token"):
+            row = s.get(Token, token_id)
+            if row is None:
+                raise NotFoundError(f"Token {token_id} not found.")
+            if row.revoked is None:
+                row.revoked = self._clock()
+            s.commit()
+            info = _token_info(row)
+        self._changed()
+        logger.info("token revoked id=%s", token_id)
+        return info
+
+    def valid(self, token: str) -> bool:
+        """Whether ``token`` authenticates now (for bootstrap: keep a token file that still works)."""
+        try:
+            self.authenticate(token)
+        except UnauthorizedError:
+            return False
+        return True
