@@ -398,8 +398,9 @@ class ConcurrentResult:
         }
 
 
-def count_flow_runs(prefect_api_url: str) -> tuple[int, int]:
-    """(flow runs of flow ``apiary-job``, those of them in a final state) via Prefect's client."""
+def count_flow_runs(prefect_api_url: str, auth_string: str | None = None) -> tuple[int, int]:
+    """(flow runs of flow ``apiary-job``, those of them in a final state) via Prefect's client;
+    ``auth_string``: the server's basic auth (``Embedded.prefect_auth_string``)."""
     import asyncio
 
     from prefect.client.orchestration import get_client
@@ -411,7 +412,7 @@ def count_flow_runs(prefect_api_url: str) -> tuple[int, int]:
         FlowRunFilterStateType,
     )
     from prefect.client.schemas.objects import StateType
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
     flows = FlowFilter(name=FlowFilterName(any_=["apiary-job"]))
     final = FlowRunFilter(
@@ -426,7 +427,7 @@ def count_flow_runs(prefect_api_url: str) -> tuple[int, int]:
                 flow_filter=flows, flow_run_filter=final
             )
 
-    with temporary_settings(updates={PREFECT_API_URL: prefect_api_url}):
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api_url, PREFECT_API_AUTH_STRING: auth_string}):
         return asyncio.run(go())
 
 
@@ -495,7 +496,7 @@ def measure_concurrent(
             last_log = time.monotonic()
             while True:
                 try:
-                    res.flow_runs, res.flow_runs_final = count_flow_runs(prefect_api)
+                    res.flow_runs, res.flow_runs_final = count_flow_runs(prefect_api, emb.prefect_auth_string)
                 except Exception as e:  # Prefect busy: try again until the deadline
                     logger.warning("counting flow runs failed: %r", e)
                 if res.flow_runs >= len(ids) and res.flow_runs_final >= len(ids):

@@ -228,10 +228,14 @@ def summarize_requests(rows: list[list], jobs: int, wall_s: float) -> dict:
 
 
 # ---------------------------------------------------------------------- Prefect reads
+#: Prefect API URL -> its basic auth (``user:password``; apiary up protects its server).
+_AUTH: dict[str, str | None] = {}
+
+
 def _prefect_client(api: str):
     from prefect.client.orchestration import PrefectClient
 
-    return PrefectClient(api=api)
+    return PrefectClient(api=api, auth_string=_AUTH.get(api))
 
 
 async def _read_runs(api: str) -> dict[str, object]:
@@ -276,7 +280,7 @@ def read_states(api: str, run_ids: list) -> dict:
 
 
 def _count(api: str) -> tuple[int, int]:
-    return lifecycle.count_flow_runs(api)
+    return lifecycle.count_flow_runs(api, _AUTH.get(api))
 
 
 # ---------------------------------------------------------------------- helpers
@@ -372,7 +376,9 @@ def _platform(db: str, nodes: int, gpus_per_node: int, pg: Postgres | None, tag:
 
 
 def _prefect_api(emb) -> str:
-    return emb.prefect_server.api_url if emb.prefect_server else emb.prefect_api_url
+    api = emb.prefect_server.api_url if emb.prefect_server else emb.prefect_api_url
+    _AUTH[api] = emb.prefect_auth_string
+    return api
 
 
 # ---------------------------------------------------------------------- UI lag at a steady rate

@@ -26,6 +26,7 @@ import httpx  # noqa: E402
 from prefect import serve  # noqa: E402
 
 from apiary.tracking.portal import form_schema  # noqa: E402
+from apiary.tracking.source import service_headers  # noqa: E402
 from job import rerun_job, submit_form, submit_yaml  # noqa: E402
 from scheduling import scheduling_loop  # noqa: E402
 from whatif import what_if_replay  # noqa: E402
@@ -39,7 +40,7 @@ def virtual_clusters(api_url: str | None) -> list[str]:
     if not api_url:
         return []
     try:
-        resp = httpx.get(f"{api_url.rstrip('/')}/api/v2/cluster/status", timeout=10)
+        resp = httpx.get(f"{api_url.rstrip('/')}/api/v2/cluster/status", timeout=10, headers=service_headers())
         resp.raise_for_status()
         return sorted(resp.json().get("virtualClusters", {}))
     except (httpx.HTTPError, ValueError) as exc:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from apiary.auth.bootstrap import read_token
+from apiary.auth.bootstrap import read_token, write_secret
 from apiary.client import ApiaryClient
 from apiary.control.config import check_cluster_config
 from apiary.errors import PlatformError, PortInUseError, UnavailableError
@@ -39,6 +39,7 @@ from apiary.tracking.prefect_server import (
     PrefectServer,
     ensure_database,
     free_port,
+    new_auth_string,
     prefect_database_url,
     prefect_env,
     start_prefect_server,
@@ -98,6 +99,9 @@ class Embedded:
     api_port: int | None = None
     prefect: bool = True
     prefect_api_url: str | None = None
+    #: Basic auth of the Prefect server at ``prefect_api_url`` (``user:password``); for the server
+    #: it starts itself, Embedded makes one and keeps it in ``home/credentials/prefect-auth``.
+    prefect_auth_string: str | None = None
     workdir: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     #: Restart a dead Prefect server. Tests turn it off for a while to prove jobs run without Prefect.
@@ -224,6 +228,16 @@ class Embedded:
         self.prometheus_url = f"http://127.0.0.1:{prom_port}"
         self.alertmanager_url = f"http://127.0.0.1:{am_port}"
 
+    def _prefect_auth(self) -> str:
+        """The Prefect server's ``user:password``: kept in ``home/credentials/prefect-auth``
+        (mode 0600) so a restart keeps the UI's login; made on the first start."""
+        path = self.home / "credentials" / "prefect-auth"
+        current = read_token(path)
+        if current is None:
+            current = new_auth_string()
+            write_secret(path, current)
+        return current
+
     def _start_prefect(self, base: dict[str, str], logs: Path) -> None:
         """Start the Prefect server (unless ``prefect_api_url`` names one), bridge and serve.
 
@@ -233,13 +247,18 @@ class Embedded:
         writes). Otherwise it keeps its zero-setup SQLite file in ``home/prefect``.
         """
         if self.prefect_api_url is None:
+            # Protected: the run form submits as the user it names, which is only safe when the
+            # people who reach the UI are the ones who hold this password (README, trust model).
+            self.prefect_auth_string = self._prefect_auth()
             self.prefect_server = start_prefect_server(
-                self.home / "prefect", database_url=self._prefect_database(base.get("APIARY_DATABASE_URL"))
+                self.home / "prefect", database_url=self._prefect_database(base.get("APIARY_DATABASE_URL")),
+                auth_string=self.prefect_auth_string,
             )
             api = self.prefect_server.api_url
         else:
             api = self.prefect_api_url
-        penv = {**base, **prefect_env(self.home / "prefect", api), "APIARY_API_URL": self.api_url}
+        penv = {**base, **prefect_env(self.home / "prefect", api, self.prefect_auth_string),
+                "APIARY_API_URL": self.api_url}
         # The bridge and the flows call Apiary with the bridge's service token (the control plane
         # wrote it before its port opened), never with the admin's.
         penv["APIARY_TOKEN"] = read_token(self.home / "credentials" / "bridge.token") or ""
@@ -303,7 +322,8 @@ class Embedded:
             logger.warning("prefect server died; restarting on port %d", self.prefect_server.port)
             try:
                 self.prefect_server = start_prefect_server(
-                    self.home / "prefect", port=self.prefect_server.port, database_url=self.prefect_server.database_url
+                    self.home / "prefect", port=self.prefect_server.port, database_url=self.prefect_server.database_url,
+                    auth_string=self.prefect_server.auth_string,
                 )
             except (PlatformError, UnavailableError):
                 logger.exception("prefect server restart failed; jobs keep running without it")

@@ -24,6 +24,7 @@ from tests.support.browser import (
     cancel_flow_run,
     chrome_driver,
     list_items,
+    log_in,
     open_custom_run,
     open_flow_run,
     screenshot,
@@ -71,13 +72,13 @@ def driver():
         d.quit()
 
 
-def _deployment_id(api_url: str, name: str) -> str:
+def _deployment_id(api_url: str, auth_string: str | None, name: str) -> str:
     import asyncio
 
     from prefect.client.orchestration import PrefectClient
 
     async def q():
-        async with PrefectClient(api=api_url) as client:
+        async with PrefectClient(api=api_url, auth_string=auth_string) as client:
             return str((await client.read_deployment_by_name(name)).id)
 
     def attempt():
@@ -89,8 +90,8 @@ def _deployment_id(api_url: str, name: str) -> str:
     return until(attempt, 90, f"deployment {name}", poll_s=0.5)
 
 
-def _cli_job_list(api_url: str) -> list[dict]:
-    env = {**os.environ, "APIARY_API_URL": api_url}
+def _cli_job_list(api_url: str, token: str) -> list[dict]:
+    env = {**os.environ, "APIARY_API_URL": api_url, "APIARY_TOKEN": token}
     out = subprocess.run([sys.executable, "-m", "apiary", "job", "list", "--json"], env=env, check=True,
                          capture_output=True, text=True, timeout=60)
     return json.loads(out.stdout)
@@ -99,8 +100,12 @@ def _cli_job_list(api_url: str) -> list[dict]:
 def test_submit_from_the_form_watch_it_complete_and_cancel_a_long_job_from_the_ui(platform, driver):
     p, c = platform
     ui = p.ui_url
-    deployment = _deployment_id(p.prefect_server.api_url, "apiary-job/submit")
+    deployment = _deployment_id(p.prefect_server.api_url, p.prefect_auth_string, "apiary-job/submit")
+    c.create_user("grace")  # the form submits for users that exist
+    grace = c.create_token("grace", description="browser test", expires_in_s=3600)["token"]
 
+    with screenshot_on_failure(driver, ARTIFACTS, "0-login"):
+        log_in(driver, ui, p.prefect_auth_string)  # apiary up protects the UI (the form trusts its user)
     with screenshot_on_failure(driver, ARTIFACTS, "1-form"):
         form = open_custom_run(driver, ui, deployment, via_menu=True)
         set_run_name(driver, "browser-hello")
@@ -119,7 +124,8 @@ def test_submit_from_the_form_watch_it_complete_and_cancel_a_long_job_from_the_u
         submit_custom_run(driver)
 
     with screenshot_on_failure(driver, ARTIFACTS, "2-job-listed"):
-        job = until(lambda: next((j for j in _cli_job_list(p.api_url) if j["id"] == "grace~browser-hello"), None),
+        job = until(lambda: next((j for j in _cli_job_list(p.api_url, grace) if j["id"] == "grace~browser-hello"),
+                                 None),
                     120, "the form's job in `apiary job list`", poll_s=1)
         assert (job["virtualCluster"], job["priorityClass"]) == ("vc1", "prod")
         run_id = until(lambda: c.get(job["id"])["flowRunId"], 60, "the job's flow run")

@@ -34,7 +34,9 @@ def platform(tmp_path_factory):
     os.environ.update({"PREFECT_API_URL": p.prefect_server.api_url, "PREFECT_HOME": str(home / "prefect"),
                        "DO_NOT_TRACK": "1"})
     PREFECT_API["url"] = p.prefect_server.api_url  # a restarted server keeps its port
+    PREFECT_API["auth"] = p.prefect_auth_string  # apiary up protects its Prefect server
     c = Tenants(p.client())
+    c.create_user("dave")  # the run form submits as the user it names, who must exist
     until(lambda: nodes_ready(c, 2), 60, "node agents")
     yield p, c
     p.stop()
@@ -45,7 +47,7 @@ def platform(tmp_path_factory):
             os.environ[k] = v
 
 
-PREFECT_API: dict[str, str] = {}
+PREFECT_API: dict[str, str | None] = {}
 
 
 def prefect(coro_fn):
@@ -55,7 +57,7 @@ def prefect(coro_fn):
     from prefect.client.orchestration import PrefectClient
 
     async def main():
-        async with PrefectClient(PREFECT_API["url"]) as client:
+        async with PrefectClient(PREFECT_API["url"], auth_string=PREFECT_API["auth"]) as client:
             return await coro_fn(client)
 
     return asyncio.run(main())
@@ -140,6 +142,10 @@ def test_yaml_submission_and_a_bad_job_fails_the_run_with_the_apis_message(platf
     with pytest.raises(Exception) as api_error:
         c.submit(yaml.safe_dump(bad), "dave")
     assert str(api_error.value.message) in final.state.message  # the same words as the API
+    # the form cannot name a user Apiary does not know
+    run = _run_deployment("apiary-job/submit-yaml", {"job_yaml": job_text(0, 1, name="ghost"), "user": "nobody"})
+    final = _final_run(run.id)
+    assert final.state_name == "Failed" and "User nobody not found." in final.state.message
 
 
 def test_cancel_stops_the_job_and_retry_re_runs_it(platform):

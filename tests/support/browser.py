@@ -186,6 +186,20 @@ def type_into(driver: WebDriver, element: WebElement, text: str) -> None:
 # --- Prefect: the custom-run form ----------------------------------------------------------------
 
 
+def log_in(driver: WebDriver, ui_url: str, auth_string: str, timeout_s: float = TIMEOUT_S) -> None:
+    """Pass the Prefect UI's login page (a server with ``server.api.auth_string``): type the
+    ``user:password`` into its one password field and press Login; waits until the page leaves
+    /login. The UI keeps it in the browser's localStorage, so once per driver."""
+    driver.get(ui_url.rstrip("/") + "/")
+    field = wait_for(driver, lambda d: _clickable(d.find_elements(By.CSS_SELECTOR, "input[type=password]")),
+                     timeout_s, "the Prefect UI's login field")
+    type_into(driver, field, auth_string)
+    click(driver, wait_for(driver, lambda d: _clickable(d.find_elements(
+        By.XPATH, "//button[@type='submit'][normalize-space()='Login']")), timeout_s, "the Login button"))
+    wait_for(driver, lambda d: "/login" not in d.current_url and not d.find_elements(
+        By.CSS_SELECTOR, "input[type=password]"), timeout_s, "the UI past its login page")
+
+
 def open_custom_run(driver: WebDriver, ui_url: str, deployment_id: str, via_menu: bool = False) -> WebElement:
     """Open the custom-run form of a deployment and return the ``form.flow-run-create-form-v2``.
 

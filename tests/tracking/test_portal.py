@@ -13,9 +13,18 @@ from apiary.tracking.portal import TaskRoleForm, form_schema, job_from_form, run
 
 
 @pytest.fixture
-def fake():
+def fake(monkeypatch: pytest.MonkeyPatch):
+    """A fake Apiary, behind a (notionally) protected Prefect server: the form's user is trusted."""
+    monkeypatch.setenv("PREFECT_API_AUTH_STRING", "apiary:test")
     with FakeApiary() as f:
         yield f
+
+
+def test_an_unprotected_prefect_server_cannot_submit_for_a_user(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("PREFECT_API_AUTH_STRING", raising=False)
+    with FakeApiary() as f, pytest.raises(UserError, match="not protected"):
+        run(flow_run_id="run-0", job={"name": "x", "taskRoles": {}}, user="alice", api_url=f.url)
+    assert f.submissions == []
 
 
 def run(**kw):

@@ -114,9 +114,11 @@ def up(
         platform.start()
         console.print(f"Apiary API:  {platform.api_url}   (docs: {platform.api_url}/docs)")
         if platform.ui_url:
-            console.print(f"Prefect UI:  {platform.ui_url}   (jobs are flow runs of flow 'apiary-job')")
+            console.print(f"Prefect UI:  {platform.ui_url}   (jobs are flow runs of flow 'apiary-job'; it asks "
+                          f"for the password in {settings.home_dir / 'credentials' / 'prefect-auth'})")
         if platform.prometheus_url:
             console.print(f"Prometheus:  {platform.prometheus_url}   Alertmanager: {platform.alertmanager_url}")
+        console.print(f"Admin token: {settings.token_path}   (the CLI uses it; apiary user / group / token)")
         console.print(f"State:       {settings.home_dir}   Ctrl-C stops.")
         platform.supervise()
     except PortInUseError as e:

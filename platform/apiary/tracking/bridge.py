@@ -216,12 +216,14 @@ class PrefectBridge:
 
     async def _prefect(self) -> Any:
         from prefect.client.orchestration import PrefectClient
+        from prefect.settings import PREFECT_API_AUTH_STRING
 
         loop = asyncio.get_running_loop()
         if self._client is not None and self._client_loop is not loop:
             self._client = None  # bound to a loop that is gone (asyncio.run per call)
         if self._client is None:
-            client = PrefectClient(api=self.prefect_api_url)
+            # An explicit api= ignores the settings' auth: pass the basic auth apiary up gave us.
+            client = PrefectClient(api=self.prefect_api_url, auth_string=PREFECT_API_AUTH_STRING.value())
             await client.__aenter__()
             self._client, self._client_loop, self._flow_id, self._deployment_id = client, loop, None, None
         return self._client

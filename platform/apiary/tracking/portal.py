@@ -20,6 +20,7 @@ logs, instead of failing on the name that is taken. No Prefect import: tested wi
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Literal
 
 import httpx
@@ -156,6 +157,8 @@ async def run_job(
         if job is not None:
             if not user:
                 raise UserError("user: required to submit a job")
+            if not prefect_protected():
+                raise UserError(UNPROTECTED)
             try:
                 job_id = await submit_job(client, job, user, flow_run_id)
             except ConflictError:
@@ -170,6 +173,20 @@ async def run_job(
             existing = await _get(client, job_id)
             job_id = await _follow_or_clone(client, existing, flow_run_id)
         return await wait_for_job(client, job_id, poll_s=poll_s, timeout_s=timeout_s)
+
+
+#: Why a run form's submission is refused on an open Prefect server.
+UNPROTECTED = ("user: this Prefect server is not protected (no PREFECT_API_AUTH_STRING), so anyone who reaches "
+               "it could submit as any user; Apiary accepts jobs from its form only behind Prefect's basic auth "
+               "(apiary up sets it). Submit with 'apiary job submit' instead.")
+
+
+def prefect_protected() -> bool:
+    """Whether this process talks to a Prefect server behind basic auth: only then is the user
+    named in a run form someone who holds the server's password (the README's trust model)."""
+    from prefect.settings import PREFECT_API_AUTH_STRING  # the process's settings, or a test's override
+
+    return bool(os.environ.get("PREFECT_API_AUTH_STRING") or PREFECT_API_AUTH_STRING.value())
 
 
 async def _follow_or_clone(client: httpx.AsyncClient, existing: dict, flow_run_id: str | None) -> str:

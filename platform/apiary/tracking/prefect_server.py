@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -65,12 +66,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def prefect_env(home: Path, api_url: str | None = None) -> dict[str, str]:
-    """Environment variables for a Prefect process (server or client) rooted at ``home``.
+def new_auth_string() -> str:
+    """A fresh ``user:password`` for Prefect's basic auth (``server.api.auth_string``)."""
+    return f"apiary:{secrets.token_urlsafe(24)}"
+
+
+def prefect_env(home: Path, api_url: str | None = None, auth_string: str | None = None) -> dict[str, str]:
+    """Environment variables for a Prefect client process rooted at ``home``.
 
     ``PREFECT_HOME`` is ``home``; telemetry is off (``DO_NOT_TRACK=1``,
     ``PREFECT_SERVER_ANALYTICS_ENABLED=false``) because only loopback is reachable here;
-    ``PREFECT_API_URL`` is set when ``api_url`` is given.
+    ``PREFECT_API_URL`` is set when ``api_url`` is given, ``PREFECT_API_AUTH_STRING`` (the
+    server's basic auth, ``user:password``) when ``auth_string`` is.
     """
     env = {
         "PREFECT_HOME": str(home),
@@ -79,6 +86,8 @@ def prefect_env(home: Path, api_url: str | None = None) -> dict[str, str]:
     }
     if api_url:
         env["PREFECT_API_URL"] = api_url
+    if auth_string:
+        env["PREFECT_API_AUTH_STRING"] = auth_string
     return env
 
 
@@ -166,7 +175,8 @@ class PrefectServer:
     """
 
     def __init__(
-        self, proc: subprocess.Popen, host: str, port: int, home: Path, log_path: Path, database_url: str | None = None
+        self, proc: subprocess.Popen, host: str, port: int, home: Path, log_path: Path, database_url: str | None = None,
+        auth_string: str | None = None,
     ) -> None:
         self._proc = proc
         self.host = host
@@ -176,6 +186,9 @@ class PrefectServer:
         self.ui_url = f"http://{host}:{port}"
         self.api_url = f"{self.ui_url}/api"
         self.database_url = database_url or sqlite_url(home)
+        #: ``user:password`` of its basic auth (None: unprotected); clients send it as
+        #: PREFECT_API_AUTH_STRING, the UI asks for it once per browser.
+        self.auth_string = auth_string
 
     @property
     def pid(self) -> int:
@@ -230,6 +243,7 @@ def start_prefect_server(
     timeout_s: float = 60,
     database_url: str | None = None,
     settings: dict[str, str] | None = None,
+    auth_string: str | None = None,
 ) -> PrefectServer:
     """Start ``prefect server start`` on ``host:port`` and wait until ``GET /api/health`` answers.
 
@@ -238,7 +252,9 @@ def start_prefect_server(
     ``postgresql+asyncpg://user:pw@host:port/db``; the database must exist, Prefect migrates it)
     or by default the SQLite file ``home/prefect.db``, so a second start on the same home sees
     the same runs. ``settings`` are more ``PREFECT_*`` variables for the server (e.g. service
-    batch sizes); the caller's own ``PREFECT_*`` variables are not passed on. ``port`` defaults
+    batch sizes); the caller's own ``PREFECT_*`` variables are not passed on. ``auth_string``
+    (``user:password``) protects the API and the UI with Prefect's basic auth
+    (``PREFECT_SERVER_API_AUTH_STRING``; ``/api/health`` stays open). ``port`` defaults
     to a free one. Takes about 7.4 s (fresh home) / 2.8 s
     (existing) here on SQLite.
 
@@ -261,6 +277,8 @@ def start_prefect_server(
             **SERVER_TUNING,
         }
     )
+    if auth_string:
+        env["PREFECT_SERVER_API_AUTH_STRING"] = auth_string
     env.update(settings or {})
     log_path = home / "server.log"
     log_file = open(log_path, "ab")  # the child keeps its own copy; ours is closed below
@@ -279,7 +297,7 @@ def start_prefect_server(
         )
     finally:
         log_file.close()
-    server = PrefectServer(proc, host, port, home, log_path, database_url)
+    server = PrefectServer(proc, host, port, home, log_path, database_url, auth_string)
     health = f"{server.api_url}/health"
     with httpx.Client(timeout=2.0) as client:
         while True:
