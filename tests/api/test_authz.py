@@ -26,6 +26,7 @@ from apiary.api import create_app
 from apiary.auth import Directory
 from apiary.control import ControlPlane
 from apiary.ops.alerts import ActionsConfig, AlertReceiver
+from apiary.settings import Settings
 from apiary.spec.cluster import load_cluster_config
 from apiary.store import make_engine, migrate, session_factory
 
@@ -352,4 +353,23 @@ def test_a_token_past_its_expiry_is_refused(tmp_path: Path) -> None:
     now[0] += 61
     with pytest.raises(Exception, match="expired"):
         directory.authenticate(token)
+    engine.dispose()
+
+
+def test_users_are_rate_limited_with_retry_after_admins_and_machines_are_not(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path}/r.db")
+    migrate(engine)
+    plane = ControlPlane(session_factory(engine), load_cluster_config(CONFIG), tmp_path / "logs")
+    p = Principals(Directory(plane.sessions), ["default", "vc1"])
+    alice, admin, agent = bearer(p.user("alice")), bearer(p.admin()), bearer(p.agent(CAROL))
+    settings = Settings(rate_calls="5/minute", rate_submits="2/hour")
+    with TestClient(create_app(plane, AlertReceiver(plane, ActionsConfig(), notifiers={}), settings=settings)) as c:
+        assert [c.get("/api/v2/me", headers=alice).status_code for _ in range(5)] == [200] * 5
+        r = c.get("/api/v2/me", headers=alice)
+        assert r.status_code == 429 and 1 <= int(r.headers["Retry-After"]) <= 60
+        assert "600" not in r.json()["message"] and r.json()["code"] == "TooManyRequestsError"
+        assert all(c.get("/api/v2/me", headers=h).status_code == 200 for h in (admin, agent) for _ in range(10))
+        bob = bearer(p.user("bob"))
+        codes = [c.post("/api/v2/jobs", content=secret_job(f"r{i}"), headers=bob).status_code for i in range(3)]
+        assert codes == [202, 202, 429]  # the submission limit, before the call limit (3 calls)
     engine.dispose()
