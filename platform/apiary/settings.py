@@ -48,7 +48,6 @@ class Settings(BaseSettings):
         default=None,
         description="SQLAlchemy URL; default an SQLite file in home (postgresql+psycopg://... for PostgreSQL).",
     )
-    user: str | None = Field(default=None, description="Default user for CLI submissions (else the login name).")
     node_lost_after_s: float = Field(
         default=30.0, description="A node whose agent has not reported for this long is lost; its tasks are retried."
     )
