@@ -10,7 +10,10 @@ and the OpenAPI pages needs ``Authorization: Bearer <token>`` (:mod:`apiary.api.
 are capped (413) and users' calls rate-limited (429 with ``Retry-After``; :mod:`apiary.api.guards`).
 Bodies are the models of :mod:`apiary.api.schemas`. Errors answer ``{"code", "message"}`` (plus
 ``"field"`` for a ValidationError) with the status of the :mod:`apiary.errors` class; a
-malformed request (FastAPI's RequestValidationError) is a 400 naming the field.
+malformed request (FastAPI's RequestValidationError, a JSON body that does not parse) is a 400
+naming the field, after a 401 for a caller without a valid token. Starlette's own answers have the
+same shape: an unknown route is a 404 ``NoApiError`` (OpenPAI's code), a method the path does not
+have a 405 whose ``Allow`` lists the path's methods, an unexpected exception a 500 ``PlatformError``.
 """
 
 from __future__ import annotations
@@ -21,20 +24,23 @@ import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from apiary.api import routers
 from apiary.api.auth import bearer
 from apiary.api.guards import BodyLimitMiddleware, RateLimiter, error_headers
 from apiary.api.longpoll import NodeWaiters
-from apiary.api.schemas import ERROR_RESPONSES, Health
+from apiary.api.schemas import ERROR_RESPONSES, Health, job_protocol_components
 from apiary.auth import Directory
 from apiary.control import ControlPlane
-from apiary.errors import ApiaryError, ValidationError
+from apiary.errors import ApiaryError, NotFoundError, PlatformError, UnauthorizedError, UserError, ValidationError
 from apiary.monitoring.platform_metrics import PlatformCollector
 from apiary.ops.alerts import ActionsConfig, AlertReceiver
 from apiary.settings import Settings
@@ -83,11 +89,35 @@ def create_app(
         return JSONResponse(exc.to_dict(), status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _request_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _request_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        unauthorized = _unknown_caller(request, directory)
+        if unauthorized is not None:
+            return await _apiary_error(request, unauthorized)
         first = exc.errors()[0] if exc.errors() else {}
-        field = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
-        err = ValidationError(field, first.get("msg", "invalid request"))
+        if first.get("type") == "json_invalid":  # loc is ("body", <character offset>)
+            err = ValidationError("body", f"not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))} "
+                                          f"at character {first['loc'][-1]}")
+        else:
+            err = ValidationError(_field_path(tuple(first.get("loc", ()))), first.get("msg", "invalid request"))
         return JSONResponse(err.to_dict(), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        # Starlette's and FastAPI's own answers (no such route, a method the path does not
+        # have, a JSON body that does not parse) in the API's error shape, not {"detail": ...}.
+        err = _from_http_exception(request, exc, directory)
+        response = await _apiary_error(request, err)
+        if err.status_code == 405:
+            response.headers["Allow"] = ", ".join(_allowed_methods(request))
+        return response
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A bug. Answered in the error shape instead of Starlette's plain text; Starlette re-raises
+        # the exception after this answer, so the server logs its traceback.
+        logger.error("unhandled error: error=%s method=%s path=%s", type(exc).__name__, request.method,
+                     request.url.path)
+        return JSONResponse(PlatformError("Apiary failed; the request may succeed later.").to_dict(), status_code=500)
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PlatformCollector(plane.metrics_snapshot))
@@ -112,4 +142,78 @@ def create_app(
 
     for router in routers.ALL:
         app.include_router(router)
+
+    def openapi() -> dict[str, Any]:
+        # FastAPI's document plus the component schemas the job body refers to (it is read from
+        # the raw body, so FastAPI does not know its model).
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        document = FastAPI.openapi(app)  # builds and caches app.openapi_schema (this dict)
+        document.setdefault("components", {}).setdefault("schemas", {}).update(job_protocol_components())
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to extend the document
     return app
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    """The dotted path of a pydantic error's ``loc`` as the spec writes it (``runs[0].pid``), without
+    FastAPI's leading ``body`` / ``query`` / ``path`` / ``header``; ``body`` for the body as a whole."""
+    path = ""
+    for part in loc[1:] if loc and loc[0] in ("body", "query", "path", "header", "cookie") else loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+    return path or ("body" if loc == ("body",) else "")
+
+
+class MethodNotAllowedError(UserError):
+    """The path exists but not with this method (HTTP 405; ``Allow`` lists the methods it has)."""
+
+    status_code = 405
+    code = "MethodNotAllowedError"
+
+
+def _from_http_exception(request: Request, exc: HTTPException, directory: Directory) -> ApiaryError:
+    """The :class:`ApiaryError` to answer for one of Starlette's or FastAPI's HTTPExceptions."""
+    if exc.status_code == 404:
+        # OpenPAI's REST server answers an unknown route with NoApiError ("Can not GET /x").
+        err: ApiaryError = NotFoundError(f"Can not {request.method} {request.url.path}")
+        err.code = "NoApiError"
+        return err
+    if exc.status_code == 405:
+        return MethodNotAllowedError(f"{request.method} is not allowed on {request.url.path}; "
+                                     f"allowed: {', '.join(_allowed_methods(request))}")
+    if exc.status_code == 400:
+        # The one 400 FastAPI raises itself: a JSON body that is not even text.
+        return _unknown_caller(request, directory) or ValidationError("body", f"not valid JSON ({exc.detail})")
+    if exc.status_code >= 500:
+        return PlatformError(str(exc.detail))
+    err = UserError(str(exc.detail))
+    err.status_code = exc.status_code
+    return err
+
+
+def _unknown_caller(request: Request, directory: Directory) -> UnauthorizedError | None:
+    """The 401 to answer instead of a malformed request's 400, if the caller has no valid token.
+
+    FastAPI parses a JSON body before it solves the route's dependencies (where the token is
+    checked), so an unparseable body would tell a caller without a token 400. Who the caller is
+    comes first, on every route under /api/ (/healthz, /metrics and the OpenAPI pages are public).
+    """
+    if not request.url.path.startswith("/api/"):
+        return None
+    try:
+        directory.authenticate(bearer(request))
+    except UnauthorizedError as exc:
+        return exc
+    return None
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path (Starlette's 405 names only the first route's)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)  # PARTIAL: the path matches, the method does not
+        route_methods = getattr(route, "methods", None)
+        if match is not Match.NONE and route_methods:
+            methods |= route_methods
+    return sorted(methods)

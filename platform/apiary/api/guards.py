@@ -6,6 +6,9 @@ body or serve one user's flood at everyone else's expense.
 * :class:`BodyLimitMiddleware` (pure ASGI, wraps the whole app) answers 413 to a body over
   ``max_bytes`` (default 1 MiB) and 400 to a malformed ``Content-Length``; it streams, never
   buffers.
+* :func:`plain_text` (a dependency of every router) answers 400 to a NUL character in a path or
+  query parameter or a header, naming it: PostgreSQL text cannot hold one (the request body's
+  strings are checked by :class:`apiary.api.schemas.RequestBody`);
 * :class:`RateLimiter` counts API calls and job submissions per principal (``limits``, moving
   window, in memory) and raises :class:`~apiary.errors.TooManyRequestsError` with ``retry_after``;
   :func:`error_headers` turns that into the ``Retry-After`` header of the app's error answer.
@@ -20,12 +23,15 @@ import logging
 import math
 import time
 
+from fastapi import Request
 from limits import RateLimitItem, parse
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from apiary.api.auth import Caller
+from apiary.api.schemas import check_string
 from apiary.errors import ApiaryError, PayloadTooLargeError, TooManyRequestsError, ValidationError
 
 logger = logging.getLogger(__name__)
@@ -145,6 +151,19 @@ class BodyLimitMiddleware:
 async def _answer(exc: ApiaryError, scope: Scope, receive: Receive, send: Send) -> None:
     """Send ``exc`` as the app's error handler would: ``exc.to_dict()`` with ``exc.status_code``."""
     await JSONResponse(exc.to_dict(), status_code=exc.status_code)(scope, receive, send)
+
+
+async def plain_text(request: Request, _caller: Caller) -> None:
+    """Refuse a request whose path parameters, query parameters or headers hold a NUL character
+    (ValidationError naming the parameter or header; nothing else is checked: percent-decoding
+    replaces invalid UTF-8, so they hold no lone surrogates). A NUL reached the store's queries
+    (``GET /api/v2/jobs?username=a%00``) and PostgreSQL failed the statement: a 500.
+
+    It depends on the caller, so a request without a valid token is a 401 first, as everywhere.
+    """
+    for params in (request.path_params.items(), request.query_params.multi_items(), request.headers.items()):
+        for name, value in params:
+            check_string(name, value)
 
 
 class RateLimiter:

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
+
+from apiary.errors import ValidationError
+from apiary.spec import job as job_protocol  # the module: its models are not the API's own (no aliases)
+from apiary.spec.job import MAX_GPU
 
 # ============================================================================ errors
 
@@ -31,54 +35,119 @@ class ErrorBody(BaseModel):
 
 # ============================================================================ requests
 
+#: Bounds of the agents' and admins' numbers that the store keeps as 64-bit integers (a larger
+#: one was an OverflowError, a 500) or that become dates: a pid or exit code is a C ``int``, an
+#: ECC count or XID code fits one as well, and unix seconds stay within datetime's year 9999.
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+MAX_UNIX_S = 253_402_300_799.0
+#: Runs in one node report. A node runs one run per task instance placed on it and every instance
+#: holds at least one leaf cell, so a node of MAX_GPU (1,024) leaf cells has at most 1,024 running,
+#: plus as many exited ones not yet acknowledged. (25,000 runs in one report, which fit in the body
+#: cap, took the plane 8 s.)
+MAX_REPORT_RUNS = 2 * MAX_GPU
 
-class ExecutionType(BaseModel):
-    value: str = Field(description="STOP (OpenPAI's executionType); START is not supported for a submitted job.")
+
+def check_text(data: Any) -> None:
+    """Raise ValidationError naming a string in ``data`` (a JSON value: object keys and values,
+    nested lists and objects included) that the store cannot keep: one with a NUL character
+    (PostgreSQL text cannot hold U+0000; the driver fails the whole statement) or with a lone UTF-16
+    surrogate (``"\\ud800"`` in JSON: not encodable as UTF-8, neither SQLite nor PostgreSQL take it).
+    The field is the string's path (``alerts[0].labels.alertname``; ``body`` for the body itself).
+    Iterative: no depth limit applies.
+    """
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                check_string(where, key, "a key here")
+                stack.append((f"{where}.{key}" if where else str(key), item))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+        else:
+            check_string(where, value)
 
 
-class CordonRequest(BaseModel):
+def check_string(where: str, value: Any, what: str = "the value") -> None:
+    """:func:`check_text` for one value (anything but a string passes); ``where`` is its field."""
+    if not isinstance(value, str) or value.isascii() and "\x00" not in value:
+        return
+    if "\x00" in value:
+        raise ValidationError(where or "body", f"{what} contains a NUL character (\\u0000), which Apiary cannot store")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValidationError(where or "body", f"{what} is not valid Unicode text: a lone surrogate "
+                                               f"{value[exc.start]!r} at character {exc.start}") from None
+
+
+class RequestBody(BaseModel):
+    """A JSON request body: every string in it must be storable text (:func:`check_text`).
+
+    The check runs on the body as the client sent it, before the fields are validated, and raises
+    Apiary's ValidationError, which pydantic does not wrap: the answer is a 400 whose ``field`` is
+    the string's path. FastAPI solves the route's dependencies (the token) before it validates the
+    body, so a caller without a valid token still gets 401 first.
+    """
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable_text(cls, data: Any) -> Any:
+        check_text(data)
+        return data
+
+
+class ExecutionType(RequestBody):
+    value: str = Field(max_length=16,
+                       description="STOP (OpenPAI's executionType); START is not supported for a submitted job.")
+
+
+class CordonRequest(RequestBody):
     value: bool = Field(description="true: no new placements on the node; false: schedulable again.")
 
 
-class FlowRunRef(BaseModel):
-    id: str = Field(description="The Prefect flow run id the job's task runs and logs are attached to.")
+class FlowRunRef(RequestBody):
+    id: str = Field(max_length=64, description="The Prefect flow run id the job's task runs and logs are attached to.")
 
 
 class RunStatus(BaseModel):
     """One task run as the node's runtime backend sees it (``apiary.runtime.TaskStatus``)."""
 
-    run_id: str
-    state: str = Field(description="running | exited")
-    exit_code: int | None = None
-    pid: int | None = None
-    started_at: float | None = Field(default=None, description="Unix seconds.")
-    finished_at: float | None = Field(default=None, description="Unix seconds.")
+    run_id: str = Field(max_length=400)
+    state: str = Field(max_length=16, description="running | exited")
+    exit_code: int | None = Field(default=None, ge=INT32_MIN, le=INT32_MAX)
+    pid: int | None = Field(default=None, ge=0, le=INT32_MAX)
+    started_at: float | None = Field(default=None, ge=0, le=MAX_UNIX_S, allow_inf_nan=False,
+                                     description="Unix seconds.")
+    finished_at: float | None = Field(default=None, ge=0, le=MAX_UNIX_S, allow_inf_nan=False,
+                                      description="Unix seconds.")
     lost: bool = Field(default=False, description="Exited without a recorded exit code (a platform failure).")
     stopped: bool = Field(default=False, description="Ended because the control plane asked it to stop.")
 
 
-class FaultRequest(BaseModel):
+class FaultRequest(RequestBody):
     """A simulated-GPU fault, like DCGM's error injection (dcgmi test --inject)."""
 
-    gpu: int
-    eccDbe: int | None = Field(default=None, description="Add N double-bit ECC errors.")
-    eccSbe: int | None = Field(default=None, description="Add N single-bit ECC errors.")
-    xid: int | None = Field(default=None, description="Raise XID error CODE.")
-    temp: float | None = Field(default=None, description="Force the temperature, Celsius.")
+    gpu: int = Field(ge=0, le=MAX_GPU)
+    eccDbe: int | None = Field(default=None, ge=0, le=INT32_MAX, description="Add N double-bit ECC errors.")
+    eccSbe: int | None = Field(default=None, ge=0, le=INT32_MAX, description="Add N single-bit ECC errors.")
+    xid: int | None = Field(default=None, ge=0, le=INT32_MAX, description="Raise XID error CODE.")
+    temp: float | None = Field(default=None, ge=-273.15, le=1000, allow_inf_nan=False,
+                               description="Force the temperature, Celsius.")
     clear: bool = Field(default=False, description="Reset the GPU's faults.")
 
 
-class NodeReport(BaseModel):
+class NodeReport(RequestBody):
     """A node agent's heartbeat with the statuses of its runs (``POST /api/v2/nodes/{node}/status``)."""
 
-    metricsUrl: str | None = Field(default=None, description="The agent's /metrics URL for this node.")
-    agentId: str
-    gpus: int = 0
+    metricsUrl: str | None = Field(default=None, max_length=2048, description="The agent's /metrics URL for this node.")
+    agentId: str = Field(max_length=200)
+    gpus: int = Field(default=0, ge=0, le=MAX_GPU)
     simulatedGpus: bool = False
-    address: str = "127.0.0.1"
-    runs: list[RunStatus] = []
+    address: str = Field(default="127.0.0.1", max_length=255)
+    runs: list[RunStatus] = Field(default=[], max_length=MAX_REPORT_RUNS)
     faultsApplied: int | None = Field(
-        default=None,
+        default=None, ge=0, le=2**63 - 1,
         description="The agent's high-water mark: the highest fault id it has applied (None: not reported).",
     )
 
@@ -343,6 +412,24 @@ class Health(BaseModel):
         None, description="The platform's identity (home/cluster-id, written by the first apiary up); the CLI "
         "refuses a platform whose id is not the one recorded in its APIARY_HOME.",
     )
+
+
+# ============================================================================ the job protocol
+
+_PROTOCOL_PREFIX = "OpenPai"
+#: ``POST /api/v2/jobs``'s body (YAML or JSON): OpenPAI job protocol v2 as :mod:`apiary.spec.job`
+#: validates it. The cross-field rules (a task role's ``dockerImage`` names a prerequisite, ...)
+#: and the per-job instance limit are not expressible here; a body breaking them is a 400.
+JOB_PROTOCOL_REF = {"$ref": f"#/components/schemas/{_PROTOCOL_PREFIX}JobSpec"}
+
+
+def job_protocol_components() -> dict[str, Any]:
+    """The OpenAPI component schemas :data:`JOB_PROTOCOL_REF` refers to (``OpenPaiJobSpec``, ``OpenPaiTaskRole``,
+    ...): the wire names (camelCase), prefixed so that they cannot clash with the API's own models."""
+    ref_template = f"#/components/schemas/{_PROTOCOL_PREFIX}{{model}}"
+    schema = job_protocol.JobSpec.model_json_schema(by_alias=True, ref_template=ref_template)
+    defs = schema.pop("$defs", {})
+    return {f"{_PROTOCOL_PREFIX}{name}": body for name, body in {**defs, "JobSpec": schema}.items()}
 
 
 #: Bounds of integer query parameters: the store's integers are 64-bit (a larger value would be

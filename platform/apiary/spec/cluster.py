@@ -381,6 +381,18 @@ def _check_semantics(cfg: ClusterConfig) -> None:
     for i, cell in enumerate(pc.physical_cells):
         walk(cell, None, f"physicalCluster.physicalCells[{i}]", True)
 
+    # Children left out are generated: a few characters of childCellNumber must not make the
+    # scheduler build more cells than any listed config could have.
+    leaves = 0
+    for i, cell in enumerate(pc.physical_cells):
+        leaves += cfg.leaf_count(cell.cell_type or "")
+        if leaves > MAX_LEAF_CELLS:
+            raise ValidationError(
+                f"physicalCluster.physicalCells[{i}]",
+                f"the physical cluster has more than {MAX_LEAF_CELLS} leaf cells (childCellNumber multiplied down "
+                "each chain), Apiary's maximum",
+            )
+
     chains = {c.cell_type for c in pc.physical_cells}
     pinned_owner: dict[str, str] = {}
     for vc_name, vc in cfg.virtual_clusters.items():
@@ -453,6 +465,13 @@ def _read(path: Path) -> bytes:
 #: default, because an operator may list every leaf cell of a large cluster (10,000 nodes of 8
 #: GPUs, leaf addresses given, are ~300,000 nodes); depth and alias limits stay safeyaml's.
 CLUSTER_MAX_NODES = 1_000_000
+
+
+#: Leaf cells of the whole physical cluster, generated children included: Apiary's bound. A config
+#: that lists every leaf cell has fewer than :data:`CLUSTER_MAX_NODES` of them, so generating
+#: children adds nothing a listed config could not have; the scheduler builds 100,000 leaf cells
+#: in about 2.6 s (measured), 1,000,000 in about 27 s, 2**70 never.
+MAX_LEAF_CELLS = CLUSTER_MAX_NODES
 
 
 def _parse_yaml(text: str | bytes, field: str) -> Any:

@@ -15,6 +15,10 @@ before any Python object is constructed:
 * **size**: more than ``max_nodes`` nodes (scalars, sequences, mappings, keys included) with
   every alias counted as the size of the node it refers to, i.e. the size of the data once
   expanded. An alias bomb fails at the alias that crosses the limit, before anything is copied;
+* **text reached through aliases**: more than :data:`ALIAS_CHARS_PER_NODE` times ``max_nodes``
+  characters of scalars (keys included) counted again for every alias that expands to them. One
+  long anchored string aliased a hundred times is few nodes but a hundred copies of the text in
+  whatever uses the data (a job's commands go to its node agent in every assignments answer);
 * **duplicate keys** in any mapping (YAML 1.2 section 3.2.1.1 requires keys to be unique; PyYAML
   keeps the last). Keys are compared as the Python values they construct to, so ``1`` and
   ``0x1`` collide the way they would in the resulting ``dict``. Merge keys (``<<``) are exempt:
@@ -45,14 +49,14 @@ import yaml
 from yaml.composer import Composer
 from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.error import Mark
-from yaml.events import AliasEvent
+from yaml.events import AliasEvent, ScalarEvent
 from yaml.nodes import MappingNode, Node, SequenceNode
 from yaml.reader import ReaderError
 from yaml.resolver import Resolver
 
 from apiary.errors import ValidationError
 
-__all__ = ["MAX_ALIASES", "MAX_DEPTH", "MAX_NODES", "load"]
+__all__ = ["ALIAS_CHARS_PER_NODE", "MAX_ALIASES", "MAX_DEPTH", "MAX_NODES", "load"]
 
 #: Default nesting limit (collections inside collections). Apiary's bound: an OpenPAI job
 #: nests about 6 levels (taskRoles.<tr>.resourcePerInstance.ports), a HiveD cluster config about
@@ -66,6 +70,12 @@ MAX_ALIASES = 100
 #: nodes; 100,000 fits a cluster config listing ~10,000 nodes while an alias bomb (9**9 nodes in
 #: about 500 bytes) is refused long before it is expanded.
 MAX_NODES = 100_000
+#: Characters of scalar text that aliases may add, per node of ``max_nodes`` (so 3.2 million for a
+#: job spec). Apiary's bound: aliased data may be about as large as a document at the node limit
+#: with 32-character scalars, a few times the 1 MiB request body cap and far below what a 900 KB
+#: string aliased 99 times makes (89 million characters in every answer that carries the data).
+#: The node limit is crossed first by a bomb of short strings ("billion laughs").
+ALIAS_CHARS_PER_NODE = 32
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
@@ -98,6 +108,10 @@ class _Bounds(Composer, SafeConstructor):
         self._nodes = 0  # nodes composed so far, each alias counted as its target's size
         self._aliases = 0
         self._sizes: dict[str, int] = {}  # anchor -> nodes in its subtree, aliases expanded
+        self._max_alias_chars = ALIAS_CHARS_PER_NODE * max_nodes
+        self._chars = 0  # characters of the scalars composed so far, aliases expanded
+        self._alias_chars = 0  # of those, the characters aliases added
+        self._texts: dict[str, int] = {}  # anchor -> characters of the scalars in its subtree, aliases expanded
         self._heights: dict[str, int] = {}  # anchor -> collection levels in its subtree
 
     def _fail(self, reason: str) -> ValidationError:
@@ -133,16 +147,24 @@ class _Bounds(Composer, SafeConstructor):
                     raise self._too_deep(mark)
                 self._deepest = max(self._deepest, reach)
                 self._count(self._sizes[anchor], mark)
+                self._chars += self._texts[anchor]
+                self._alias_chars += self._texts[anchor]
+                if self._alias_chars > self._max_alias_chars:
+                    raise self._fail(f"YAML aliases expand to more than {self._max_alias_chars} characters of text "
+                                     f"at {_at(mark)}")
             return super().compose_node(parent, index)
 
         event = self.peek_event()
         anchor = event.anchor
         self._count(1, event.start_mark)
-        nodes_before, deepest_outside = self._nodes - 1, self._deepest
+        nodes_before, chars_before, deepest_outside = self._nodes - 1, self._chars, self._deepest
+        if isinstance(event, ScalarEvent):
+            self._chars += len(event.value)
         self._deepest = self._depth
         node = super().compose_node(parent, index)
         if anchor is not None:  # unique: PyYAML refuses a second "&name" in a document
             self._sizes[anchor] = self._nodes - nodes_before
+            self._texts[anchor] = self._chars - chars_before
             self._heights[anchor] = self._deepest - self._depth
         self._deepest = max(self._deepest, deepest_outside)
         return node
@@ -258,8 +280,9 @@ def load(
     ``"<what> is not UTF-8 text: ..."`` for undecodable bytes, ``"<what> is not valid YAML at line
     L, column C: <problem>"`` for a syntax error, and a reason naming the limit (``"YAML nesting
     deeper than 64 levels at line 1, column 65"``, ``"YAML aliases expand to more than 100000
-    nodes at ..."``, ``"more than 100 YAML aliases at ..."``, ``"duplicate key 'name' at line 3
-    (first at line 2)"``) for a document outside them.
+    nodes at ..."``, ``"YAML aliases expand to more than 3200000 characters of text at ..."``,
+    ``"more than 100 YAML aliases at ..."``, ``"duplicate key 'name' at line 3 (first at line 2)"``)
+    for a document outside them.
     """
     if isinstance(text, bytes):
         try:

@@ -3,11 +3,12 @@ simulated-GPU faults queued for an agent."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
 from apiary.api.auth import Admin, NodeAgent
 from apiary.api.deps import Plane, Waiters
+from apiary.api.guards import plain_text
 from apiary.api.schemas import (
     ERROR_RESPONSES,
     MAX_OFFSET,
@@ -21,7 +22,8 @@ from apiary.api.schemas import (
 )
 from apiary.errors import ValidationError
 
-router = APIRouter(prefix="/api/v2/nodes/{node}", tags=["node agents"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/api/v2/nodes/{node}", tags=["node agents"], responses=ERROR_RESPONSES,
+                   dependencies=[Depends(plain_text)])
 
 _LOG_BODY = {
     "requestBody": {

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 
 from apiary.api.auth import Admin, Caller
 from apiary.api.deps import Receiver
-from apiary.api.schemas import ERROR_RESPONSES, AlertsPage, WebhookResult
+from apiary.api.guards import plain_text
+from apiary.api.schemas import ERROR_RESPONSES, AlertsPage, RequestBody, WebhookResult
 from apiary.errors import ForbiddenError
 from apiary.ops.alerts import AlertmanagerPayload
 
-router = APIRouter(prefix="/api/v2/alerts", tags=["alerts"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/api/v2/alerts", tags=["alerts"], responses=ERROR_RESPONSES,
+                   dependencies=[Depends(plain_text)])
+
+
+class AlertmanagerWebhook(AlertmanagerPayload, RequestBody):
+    """Alertmanager's payload (version 4) whose strings are all storable text (labels included)."""
 
 
 @router.post("/webhook", response_model=WebhookResult)
 def alert_webhook(
-    payload: AlertmanagerPayload, receiver: Receiver, caller: Caller,
+    payload: AlertmanagerWebhook, receiver: Receiver, caller: Caller,
     action: list[str] = Query(default=[], max_length=20),
 ) -> dict:
     """Alertmanager's webhook (version 4), with the Alertmanager service token (or an admin's).

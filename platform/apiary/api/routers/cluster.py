@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
 from apiary.api.auth import Admin, AdminOrBridge, People
 from apiary.api.deps import Plane
+from apiary.api.guards import plain_text
 from apiary.api.schemas import ERROR_RESPONSES, ClusterStatus, CycleResultJson, ReconfigureResult
 
-router = APIRouter(prefix="/api/v2", tags=["cluster"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/api/v2", tags=["cluster"], responses=ERROR_RESPONSES,
+                   dependencies=[Depends(plain_text)])
 
 _CONFIG_BODY = {
     "requestBody": {

@@ -9,23 +9,25 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, Depends, Path, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from apiary.api.auth import Admin, Caller, Dir, People
 from apiary.api.deps import Plane
-from apiary.api.schemas import ERROR_RESPONSES
+from apiary.api.guards import plain_text
+from apiary.api.schemas import ERROR_RESPONSES, RequestBody
 from apiary.auth.bootstrap import DEFAULT_GROUP
 from apiary.errors import ForbiddenError, NotFoundError
 
-router = APIRouter(prefix="/api/v2", tags=["identity"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/api/v2", tags=["identity"], responses=ERROR_RESPONSES,
+                   dependencies=[Depends(plain_text)])
 
 Name = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Letters, digits, '_' or '-' (1-64).")
 def PathName() -> Any:  # noqa: N802 - reads as a type in signatures; one FieldInfo per parameter
     return Path(pattern=r"^[A-Za-z0-9_-]{1,64}$", max_length=64)
 
 
-class _Body(BaseModel):
+class _Body(RequestBody):
     model_config = ConfigDict(extra="forbid")
 
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, Response
 
 from apiary.api.auth import AdminOrBridge, People, Submitter
 from apiary.api.deps import Plane
+from apiary.api.guards import plain_text
 from apiary.api.schemas import (
     ERROR_RESPONSES,
+    JOB_PROTOCOL_REF,
     MAX_INDEX,
     MAX_OFFSET,
     MAX_SEQ,
@@ -26,13 +28,14 @@ from apiary.control import ControlPlane
 from apiary.errors import ForbiddenError, NotFoundError, ValidationError
 from apiary.spec.job import JobSpec
 
-router = APIRouter(prefix="/api/v2", tags=["jobs"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/api/v2", tags=["jobs"], responses=ERROR_RESPONSES,
+                   dependencies=[Depends(plain_text)])
 
 _JOB_BODY = {
     "requestBody": {
         "required": True,
         "description": "The job: OpenPAI job protocol v2, as YAML or as JSON.",
-        "content": {"text/yaml": {"schema": {"type": "string"}}, "application/json": {"schema": {"type": "object"}}},
+        "content": {"text/yaml": {"schema": JOB_PROTOCOL_REF}, "application/json": {"schema": JOB_PROTOCOL_REF}},
     }
 }
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
 from apiary.api.auth import Admin, Caller
 from apiary.api.deps import Plane
+from apiary.api.guards import plain_text
 from apiary.api.schemas import ERROR_RESPONSES, CordonRequest, NodeJson
 
-router = APIRouter(prefix="/api/v2", tags=["nodes"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/api/v2", tags=["nodes"], responses=ERROR_RESPONSES,
+                   dependencies=[Depends(plain_text)])
 
 
 @router.get("/nodes", response_model=list[NodeJson])
