@@ -2,11 +2,13 @@
 
 Runs the scheduler benchmark (bench/scheduler.py: the pure HiveD algorithm on 1,000 / 5,000 /
 10,000-node clusters), the Philly trace replay (bench/replay.py, through ``apiary sim trace``), the
-lifecycle benchmarks (bench/lifecycle.py, on the embedded platform) and the monitoring benchmarks
+lifecycle benchmarks (bench/lifecycle.py, on the embedded platform), the API benchmarks
+(bench/api_submit.py: submissions per second and their p99 with tokens on, at an empty queue and
+behind 1,000 queued jobs; the hostile-request corpus timed) and the monitoring benchmarks
 (bench/monitoring.py: a node's /metrics scrape time, fault -> alert -> cordon through real
 Prometheus and Alertmanager) and the Prefect mirroring benchmarks (bench/prefect_lag.py: UI lag
 at 20 jobs/s, catch-up of a 1,000-job burst, on PostgreSQL), writes their numbers to the
-``scheduler``, ``replay``, ``lifecycle``, ``monitoring`` and ``prefect`` sections of
+``scheduler``, ``replay``, ``lifecycle``, ``api``, ``monitoring`` and ``prefect`` sections of
 ``bench/results.json`` (other top-level sections are kept), prints
 measured vs target (bench/thresholds.yaml) and exits 1 if a target is missed, 2 if a benchmark
 could not run. See bench/README.md.
@@ -15,6 +17,7 @@ could not run. See bench/README.md.
     .venv/bin/python bench/run.py --quick                       # smoke size
     .venv/bin/python bench/run.py --only scheduler              # one benchmark (repeatable)
     .venv/bin/python bench/run.py --only lifecycle.start_latency --out /tmp/results.json
+    .venv/bin/python bench/run.py --only api                        # submissions/s + hostile requests
     .venv/bin/python bench/run.py --only monitoring                 # scrape time + fault -> cordon
     .venv/bin/python bench/run.py --only prefect [--prefect-sqlite] [--prefect-profile]
 """
@@ -42,7 +45,7 @@ for p in (str(REPO_ROOT / "platform"), str(BENCH_DIR)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-# bench/lifecycle.py, bench/scheduler.py, bench/replay.py, bench/monitoring.py and
+# bench/lifecycle.py, bench/scheduler.py, bench/replay.py, bench/api_submit.py, bench/monitoring.py and
 # bench/prefect_lag.py (not "prefect.py": bench/ is on sys.path and would shadow the package) are imported
 # (through BENCH_DIR on sys.path) only when they run: the lifecycle module pulls in the whole
 # embedded platform.
@@ -50,8 +53,9 @@ for p in (str(REPO_ROOT / "platform"), str(BENCH_DIR)):
 LIFECYCLE = ("lifecycle.start_latency", "lifecycle.concurrent", "lifecycle.queued")
 MONITORING = ("monitoring.scrape", "monitoring.fault_to_cordon")
 PREFECT = ("prefect.ui_lag", "prefect.catch_up")
-BENCHMARKS = ("scheduler", "replay", *LIFECYCLE, *MONITORING, *PREFECT)
-GROUPS = {"lifecycle": LIFECYCLE, "monitoring": MONITORING, "prefect": PREFECT}
+API = ("api.submit", "api.hostile")
+BENCHMARKS = ("scheduler", "replay", *LIFECYCLE, *API, *MONITORING, *PREFECT)
+GROUPS = {"lifecycle": LIFECYCLE, "api": API, "monitoring": MONITORING, "prefect": PREFECT}
 ONLY_CHOICES = (*BENCHMARKS, *GROUPS)  # a family name = every benchmark of that family
 PREFECT_RATE, PREFECT_DURATION_S, PREFECT_BURST = 20.0, 60.0, 1000
 QUICK_PREFECT_DURATION_S, QUICK_PREFECT_BURST = 10.0, 100
@@ -59,6 +63,8 @@ PREFECT_NODES, QUICK_PREFECT_NODES = 32, 16
 SCRAPE_SAMPLES, QUICK_SCRAPE_SAMPLES = 500, 50
 CORDON_SAMPLES, QUICK_CORDON_SAMPLES = 4, 2
 CORDON_NODES = 4
+API_SUBMISSIONS, API_QUEUED, API_HOSTILE_REPEATS = 500, 1000, 3
+QUICK_API_SUBMISSIONS, QUICK_API_QUEUED, QUICK_API_HOSTILE_REPEATS = 40, 50, 1
 SCHEDULER_NODES = (1000, 5000, 10000)
 SCHEDULER_SAMPLES = 20000
 QUICK_SCHEDULER_NODES = (200,)
@@ -243,6 +249,10 @@ def write_results(out: Path, section: dict, replace: bool, name: str = "lifecycl
         import monitoring
 
         merged["method"] = monitoring.method(merged)
+    elif name == "api":
+        import api_submit
+
+        merged["method"] = api_submit.method(merged)
     elif name == "prefect":
         import prefect_lag
 
@@ -348,6 +358,53 @@ def run_monitoring(which: set[str], quick: bool, errors: list[str]) -> dict:
     return section
 
 
+def run_api(which: set[str], quick: bool, errors: list[str]) -> dict:
+    """The ``api`` benchmarks in ``which`` (bench/api_submit.py); a failed one is added to
+    ``errors`` and leaves its keys out."""
+    section: dict = {}
+    if not which & set(API):
+        return section
+    import api_submit
+
+    if "api.submit" in which:
+        try:
+            r = api_submit.measure_submit(QUICK_API_SUBMISSIONS if quick else API_SUBMISSIONS,
+                                          QUICK_API_QUEUED if quick else API_QUEUED)
+            d = r.to_dict()
+            section.update(d)
+            runs = "; ".join(
+                f"{name} (queue {d[f'{name}_queue_before']}): {d[f'{name}_per_s']}/s p50={d[f'{name}_p50_ms']} ms "
+                f"p99={d[f'{name}_p99_ms']} ms max={d[f'{name}_max_ms']} ms, {d[f'{name}_errors']} errors, "
+                f"{d[f'{name}_listed']}/{d[f'{name}_accepted']} accepted listed, control plane "
+                f"{d.get(f'{name}_cpu_ms_per_submit_control-plane')} ms CPU per submission, "
+                f"{d[f'{name}_cycles']} cycles"
+                for name in ("empty", "queued")
+            )
+            print(f"api submit: {d['submit_threads']} clients x {d['empty_submissions']} submissions: {runs}",
+                  flush=True)
+        except Exception:
+            errors.append("api.submit")
+            traceback.print_exc()
+    if "api.hostile" in which:
+        try:
+            h = api_submit.measure_hostile(QUICK_API_HOSTILE_REPEATS if quick else API_HOSTILE_REPEATS)
+            d = h.to_dict()
+            section.update(d)
+            print(
+                f"api hostile: {d['hostile_cases']} cases x {d['hostile_repeats']}: p50={d['hostile_p50_ms']} ms "
+                f"p99={d['hostile_p99_ms']} ms max={d['hostile_max_ms']} ms, {d['hostile_unexpected']} answered "
+                f"other than the corpus expects; slowest {d['hostile_slowest_ms']}",
+                flush=True,
+            )
+        except Exception as e:
+            errors.append("api.hostile")
+            if isinstance(e, FileNotFoundError):
+                print(f"api.hostile: {e}", file=sys.stderr, flush=True)
+            else:
+                traceback.print_exc()
+    return section
+
+
 def run_prefect(which: set[str], quick: bool, databases: list[str], profile: bool, errors: list[str]) -> dict:
     """The ``prefect`` benchmarks in ``which`` on each of ``databases``; PostgreSQL's numbers are the
     section's own keys (the ones thresholds.yaml checks), SQLite's go under ``sqlite``. A failed
@@ -418,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         action="append",
         choices=ONLY_CHOICES,
-        help="run only this benchmark (repeatable); 'lifecycle' / 'monitoring' = both benchmarks of that family",
+        help="run only this benchmark (repeatable); a family name ('lifecycle', 'api', 'monitoring', 'prefect') = "
+        "every benchmark of that family",
     )
     ap.add_argument(
         "--quick",
@@ -426,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
         help="smoke size: 20 latency samples, 100 concurrent jobs, scheduler on 200 nodes with 1,000 placements, "
         f"replay of the first 2,000 Philly jobs, {QUICK_SCRAPE_SAMPLES} scrapes, {QUICK_CORDON_SAMPLES} "
         f"fault -> cordon samples, Prefect lag over {QUICK_PREFECT_DURATION_S:.0f} s and a {QUICK_PREFECT_BURST}-job "
-        "burst",
+        f"burst, {QUICK_API_SUBMISSIONS} API submissions per run behind {QUICK_API_QUEUED} queued jobs, the hostile "
+        "corpus once",
     )
     ap.add_argument("--out", type=Path, default=BENCH_DIR / "results.json", help="results file (merged)")
     ap.add_argument("--thresholds", type=Path, default=BENCH_DIR / "thresholds.yaml")
@@ -550,6 +609,12 @@ def main(argv: list[str] | None = None) -> int:
         written["lifecycle"] = section
         # a run of both lifecycle benchmarks replaces the section; a run of one updates its keys
         write_results(args.out, section, replace=set(LIFECYCLE) <= which, name="lifecycle")
+    api = run_api(which, args.quick, errors)
+    if api:
+        stamp(api, args.quick)
+        written["api"] = api
+        # a run of both api benchmarks replaces the section; a run of one updates its keys
+        write_results(args.out, api, replace=set(API) <= which, name="api")
     mon = run_monitoring(which, args.quick, errors)
     if mon:
         stamp(mon, args.quick)

@@ -11,8 +11,12 @@ around it:
   rebuilt from the store (:meth:`ControlPlane.recover` does the same after a restart);
 * one re-entrant lock orders the transactions and guards the scheduler, which is not thread-safe;
   every read of scheduler state goes through a method here that takes it;
-* a scheduling cycle decides on a snapshot of the queue and takes the lock one job at a time, so
-  submissions and node reports are not blocked behind a long queue.
+* a scheduling cycle decides on a snapshot of the queue and takes the lock for a slice of it at a
+  time (LOCK_SLICE_S), so submissions and node reports are not blocked behind a long queue. The
+  snapshot re-reads from the store only the jobs committed since the last one (the whole queue every
+  QUEUE_REREAD_S and whenever memory is in doubt), and a job that waits is not asked again while
+  neither it nor the scheduler's state changed (the answer would be the same): a long queue on a
+  full cluster costs each cycle the new jobs only. First wait reasons are committed in batches.
 
 Who owns which fact: the store owns jobs, attempts, tasks, placements, events, nodes (health,
 cordon, last heartbeat, metrics URL) and queued faults. Memory holds caches rebuilt from it: the
@@ -80,6 +84,14 @@ logger = logging.getLogger(__name__)
 
 USER_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenPAI user names: letters, digits, _ and -
 ACTIVE_TASK_STATES = (TaskState.STARTING.value, TaskState.RUNNING.value)
+#: Most first-cycle wait reasons one scheduling cycle commits in one transaction (lock held
+#: meanwhile, so it also bounds how long a submission can wait for the lock behind them).
+WAIT_BATCH = 32
+#: How long a scheduling cycle holds the plane's lock for one slice of its queue (seconds).
+LOCK_SLICE_S = 0.002
+#: A scheduling cycle reads the whole queue from the store at least this often (seconds); in
+#: between it reads only the jobs committed since its last snapshot (see ControlPlane._snapshot).
+QUEUE_REREAD_S = 5.0
 
 __all__ = ["ControlPlane", "CycleResult", "run_id_for"]
 
@@ -111,6 +123,10 @@ class _Seen:
     healthy: bool
     beat: float
     faults_applied: int | None = None
+
+
+#: What a plain "wait" was decided on: (scheduler state version, attempt, pending instances, reason).
+_WaitKey = tuple[int, int, tuple[tuple[str, int], ...], str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +173,20 @@ class ControlPlane:
         self._lock = threading.RLock()
         self._cycle_lock = threading.Lock()  # one cycle at a time; submissions and reports interleave
         self._cycle_changed: set[str] | None = None  # jobs committed since the running cycle's snapshot
+        # The scheduler's state version: bumped (lock held) by everything that changes what
+        # ``schedule()`` can answer: an applied allocation, release, cancel or node health, a
+        # decision that reserved or downgraded cells, a rebuild, a new config.
+        self._sched_version = 0
+        # job -> (version, attempt, pending, reason) of its last plain "wait" (see :meth:`_cycle`).
+        self._waits: dict[str, _WaitKey] = {}
+        # The queue as the last cycle's snapshot read it (job -> its order and head), and the jobs
+        # committed since (every Work commit names its jobs): the next snapshot reads only those
+        # again. None: read the whole queue (at start, after a rebuild, every QUEUE_REREAD_S).
+        self._queue: dict[str, tuple[tuple[int, float, int], _Head]] | None = None
+        self._queue_read_at = 0.0
+        self._queue_dirty: set[str] = set()
+        # The version at which the last cycle left every queued job's answer remembered (else None).
+        self._settled: int | None = None
         self._specs: dict[str, JobSpec] = {}
         self._policies: dict[str, JobPolicy] = {}
         self._heartbeats: dict[str, float] = {}  # node -> exact time of its last report (memory only)
@@ -203,12 +233,14 @@ class ControlPlane:
                 self._rebuild()
             if self._cycle_changed is not None:
                 self._cycle_changed |= jobs
+            self._queue_dirty |= jobs
             self._changed_nodes |= touched
         self._flush_notifications()
         if wake:
             self.wake.set()
 
     def _apply(self, op: SchedulerOp | NodeHealth) -> None:
+        self._sched_version += 1
         sched = self.scheduler
         if isinstance(op, Allocate):
             sched.allocate(op.job, op.request, op.placements)
@@ -288,6 +320,8 @@ class ControlPlane:
         if dropped:
             logger.error("rebuild: placements the scheduler cannot hold: %s", dropped)
         self.scheduler = sched
+        self._sched_version += 1
+        self._queue = None  # in doubt: the next cycle reads the whole queue again
         self._needs_rebuild = False
         gcpolicy.settle()  # the old cell tree is cyclic garbage, maybe frozen: collect it now
 
@@ -299,6 +333,8 @@ class ControlPlane:
         now = self._clock()
         with self._lock, self._sessions() as s:
             self.scheduler, dropped = self._build_scheduler(self.cluster, s)
+            self._sched_version += 1
+            self._queue = None
             self._needs_rebuild = False
             if dropped:
                 logger.error("recover: placements the scheduler cannot hold: %s", dropped)
@@ -366,25 +402,30 @@ class ControlPlane:
         if authorize is not None:
             authorize(spec)
         with self._lock, self._sessions() as s:
-            if s.get(Job, job_id) is not None:
-                raise ConflictError(f"Job name {spec.name} already exists for user {user}.")
             w = self._work(s)
             record, fx = submit(job_id, user, policy, w.now, name=spec.name, priority_class=spec.priority_class,
                                 flow_run_id=flow_run_id)
             seq = (s.scalar(select(func.max(Job.submit_seq))) or 0) + 1  # under the lock: no two alike
-            loaded = new_job_rows(
-                s, record, fx, w.now, submit_seq=seq, name=spec.name, virtual_cluster=spec.virtual_cluster,
-                priority_class=spec.priority_class, priority=spec.priority, gang=spec.gang,
-                spec_yaml=text.decode() if isinstance(text, bytes) else text, flow_run_id=flow_run_id,
-            )
+            try:
+                with store_errors("submit"):
+                    loaded = new_job_rows(
+                        s, record, fx, w.now, submit_seq=seq, name=spec.name, virtual_cluster=spec.virtual_cluster,
+                        priority_class=spec.priority_class, priority=spec.priority, gang=spec.gang,
+                        spec_yaml=text.decode() if isinstance(text, bytes) else text, flow_run_id=flow_run_id,
+                    )
+            except ConflictError as e:  # the job row goes in first, alone: its id is taken
+                raise ConflictError(f"Job name {spec.name} already exists for user {user}.") from e
             w.adopt(loaded)
             try:
                 w.commit("submit")
             except ConflictError as e:  # a concurrent submission of the same name won the race
                 raise ConflictError(f"Job name {spec.name} already exists for user {user}.") from e
             self._specs[job_id], self._policies[job_id] = spec, policy
-            logger.info("accepted job=%s vc=%s priority=%s", job_id, spec.virtual_cluster, spec.priority_class)
-            return job_json(s, loaded.row)
+        logger.info("accepted job=%s vc=%s priority=%s", job_id, spec.virtual_cluster, spec.priority_class)
+        # The answer is the committed rows as this transaction left them (the session keeps their
+        # values after the commit): no query, no lock. A new job's tasks have no node yet.
+        tasks = sorted((row for _, row in loaded.tasks if row is not None), key=lambda t: (t.task_role, t.index))
+        return job_json(s, loaded.row, tasks, simulated=set())
 
     def stop(self, job_id: str) -> dict:
         """OpenPAI's ``executionType: STOP``. Idempotent; a finished job is returned unchanged.
@@ -446,6 +487,8 @@ class ControlPlane:
                 staged.replace(self.config_path)
             # The steps' releases went to the old scheduler; the new one never held the stopped jobs.
             self.scheduler, self.cluster = new, config
+            self._sched_version += 1
+            self._queue = None
             self._node_names = frozenset(new.nodes())
             gcpolicy.settle()  # the old cell tree is cyclic garbage, maybe frozen: collect it now
             logger.info("cluster config applied kept=%d stopped=%d", len(kept), len(stopped))
@@ -560,53 +603,172 @@ class ControlPlane:
             # 2. Heads: a snapshot of every job with instances to place, highest priority first, then
             # FIFO. Jobs committed after it are skipped this cycle (their change woke the next one).
             self._cycle_changed = set()
+            version = self._sched_version
             with self._sessions() as s:
-                heads = self._heads(s)
-        for head in heads:
+                heads, only_changed = self._snapshot(s)
+            # A plain "wait" is remembered with the scheduler's state version: schedule() is a
+            # deterministic function of that state and the request (apiary.scheduler.hived), so
+            # while neither changed the answer is the same and the job is not asked again. When the
+            # last cycle left every job of the queue remembered at the version there is now, only the
+            # jobs committed since need deciding (only_changed); the others keep their answers.
+            waits: dict[str, _WaitKey] = self._waits if only_changed else {}
+        new_waits: list[tuple[_Head, str, int]] = []  # (head, new reason, version it was decided at)
+        remaining = iter(heads)
+        finished = False
+        while not finished:
+            # The lock is taken per slice of the queue, neither per head (a remembered wait costs
+            # microseconds, the lock's hand-over to a waiting submission far more) nor for the whole
+            # queue: submissions and node reports wait at most about LOCK_SLICE_S, plus one admission.
             with self._lock:
-                if head.job_id in (self._cycle_changed or ()):
-                    continue
-                # 3. Nominate: ask the pure scheduler. A job the current config cannot take any more
-                # (its VC was removed) waits with the reason; it never stops the cycle for the others.
-                policy = self._policies.get(head.job_id)
-                if policy is None:
-                    with self._sessions() as s:
-                        job = s.get(Job, head.job_id)
-                        if job is None:
-                            continue
-                        policy = self._policy_of(job)
-                try:
-                    decision = self.scheduler.schedule(replace(policy.request, pending=head.pending))
-                except UserError as e:
-                    decision = Decision("wait", reason=f"Cannot be scheduled with the current cluster config: "
-                                                       f"{e.message}")
-                if decision.kind == "wait" and not decision.downgraded and decision.reason == head.reason:
-                    result.waiting[head.job_id] = decision.reason  # nothing new to write
-                    continue
-                # 4. Admit: commit the decision, then apply it.
-                self._admit(head, decision, result)
+                until = time.perf_counter() + LOCK_SLICE_S
+                for head in remaining:
+                    self._nominate(head, result, waits, new_waits)
+                    if time.perf_counter() >= until:
+                        break
+                else:
+                    finished = True
+                    self._record_waits(new_waits, result, waits)
+                    self._waits = waits
+                    if only_changed:  # the result names every waiting job, decided now or before
+                        for job_id, key in waits.items():
+                            result.waiting.setdefault(job_id, key[3] or "")
+                    # Settled: every job of the queue has its answer remembered at the current
+                    # version, or was committed since the snapshot (the next one reads it again).
+                    settled = (not only_changed or version == self._sched_version) and all(
+                        waits.get(h.job_id, (None,))[0] == self._sched_version or h.job_id in self._queue_dirty
+                        for h in heads
+                    )
+                    self._settled = self._sched_version if settled else None
 
-    def _heads(self, s: Session) -> list[_Head]:
-        rows = s.execute(
-            select(Job.id, Job.attempt, Job.waiting_reason, Task.task_role, Task.index)
+    def _nominate(self, head: _Head, result: CycleResult, waits: dict[str, _WaitKey],
+                  new_waits: list[tuple[_Head, str, int]]) -> None:
+        """Steps 3 and 4 of a cycle for one head (lock held)."""
+        if head.job_id in (self._cycle_changed or ()):
+            return
+        key = (self._sched_version, head.attempt, head.pending, head.reason)
+        if self._waits.get(head.job_id) == key:
+            waits[head.job_id] = key
+            result.waiting[head.job_id] = head.reason or ""
+            return
+        # 3. Nominate: ask the pure scheduler. A job the current config cannot take any more
+        # (its VC was removed) waits with the reason; it never stops the cycle for the others.
+        policy = self._policies.get(head.job_id)
+        if policy is None:
+            with self._sessions() as s:
+                job = s.get(Job, head.job_id)
+                if job is None:
+                    return
+                policy = self._policy_of(job)
+        try:
+            decision = self.scheduler.schedule(replace(policy.request, pending=head.pending))
+        except UserError as e:
+            decision = Decision("wait", reason=f"Cannot be scheduled with the current cluster config: "
+                                               f"{e.message}")
+        if decision.kind == "wait" and not decision.downgraded:
+            if decision.reason == head.reason:
+                result.waiting[head.job_id] = decision.reason  # nothing new to write
+                waits[head.job_id] = key
+            else:
+                # 4a. Only the reason is new (a job's first cycle): written with others in one
+                # transaction, one commit for up to WAIT_BATCH jobs instead of one each.
+                new_waits.append((head, decision.reason, key[0]))
+                if len(new_waits) >= WAIT_BATCH:
+                    self._record_waits(new_waits, result, waits)
+            return
+        # 4. Admit: commit the decision, then apply it; the waits decided before it first, at the
+        # version they were decided at.
+        self._record_waits(new_waits, result, waits)
+        self._sched_version += 1  # cells reserved, a plan made or victims downgraded
+        self._admit(head, decision, result)
+
+    def _snapshot(self, s: Session) -> tuple[list[_Head], bool]:
+        """Step 2's snapshot, highest priority first, then FIFO (lock held), and whether it holds only
+        the jobs committed since the last one (the last cycle settled every other job).
+
+        The store is read for the jobs committed since the last snapshot only; the rest of the
+        queue is the last snapshot's, which no commit has touched since. The whole queue is read
+        instead at start, after a rebuild or a new config, and every QUEUE_REREAD_S.
+        """
+        now = time.monotonic()
+        dirty = sorted(self._queue_dirty)
+        self._queue_dirty = set()
+        if self._queue is None or now - self._queue_read_at >= QUEUE_REREAD_S:
+            self._queue = self._heads(s)
+            self._queue_read_at = now
+            self._settled = None
+        else:
+            for job_id in dirty:
+                self._queue.pop(job_id, None)
+            for i in range(0, len(dirty), 500):  # well under any database's bound-parameter limit
+                self._queue.update(self._heads(s, dirty[i:i + 500]))
+            for job_id in dirty:
+                if job_id not in self._queue:
+                    self._waits.pop(job_id, None)  # it left the queue
+        settled, self._settled = self._settled == self._sched_version, None  # until this cycle settles all again
+        if settled:
+            # Every other job is remembered at this version (see _cycle): only these need deciding.
+            changed = [self._queue[j] for j in dirty if j in self._queue]
+            return [head for _, head in sorted(changed, key=lambda kh: kh[0])], True
+        return [head for _, head in sorted(self._queue.values(), key=lambda kh: kh[0])], False
+
+    def _heads(self, s: Session, job_ids: list[str] | None = None) -> dict[str, tuple[tuple[int, float, int], _Head]]:
+        """Every job with instances to place (or those of ``job_ids``): job -> (order, head), the
+        order being (-priority, submission time, arrival number)."""
+        q = (
+            select(Job.id, Job.attempt, Job.waiting_reason, Job.priority, Job.submission_time, Job.submit_seq,
+                   Task.task_role, Task.index)
             .join(Task, (Task.job_id == Job.id) & (Task.attempt == Job.attempt))
             .join(Attempt, (Attempt.job_id == Job.id) & (Attempt.index == Job.attempt))
             .where(Job.state.in_([JobState.WAITING.value, JobState.RUNNING.value]), Job.execution_type == "START",
                    Attempt.outcome.is_(None), Task.latest.is_(True), Task.state == TaskState.WAITING.value)
-            .order_by(Job.priority.desc(), Job.submission_time, Job.submit_seq, Task.id)
+            .order_by(Job.id, Task.id)
         )
-        heads: list[_Head] = []
-        current: tuple[str, int, str | None] | None = None
+        if job_ids is not None:
+            q = q.where(Job.id.in_(job_ids))
+        heads: dict[str, tuple[tuple[int, float, int], _Head]] = {}
+        current: tuple[str, int, str | None, tuple[int, float, int]] | None = None
         pending: list[tuple[str, int]] = []
-        for job_id, attempt, reason, role, index in rows:
+        for job_id, attempt, reason, priority, submitted, seq, role, index in s.execute(q):
             if current is not None and current[0] != job_id:
-                heads.append(_Head(current[0], current[1], tuple(pending), current[2]))
+                heads[current[0]] = (current[3], _Head(current[0], current[1], tuple(pending), current[2]))
                 pending = []
-            current = (job_id, attempt, reason)
+            current = (job_id, attempt, reason, (-priority, submitted, seq))
             pending.append((role, index))
         if current is not None:
-            heads.append(_Head(current[0], current[1], tuple(pending), current[2]))
+            heads[current[0]] = (current[3], _Head(current[0], current[1], tuple(pending), current[2]))
         return heads
+
+    def _record_waits(self, new_waits: list[tuple[_Head, str, int]], result: CycleResult,
+                      waits: dict[str, _WaitKey]) -> None:
+        """Step 4 for plain waits with a new reason: ``new_waits`` (emptied) in one transaction (lock held).
+
+        A job whose snapshot no longer holds (it changed since), or whose decision was made on a
+        scheduler state that has changed since, is left out: the next cycle decides it afresh.
+        Raises UnavailableError when the store cannot commit (nothing of the batch recorded).
+        """
+        batch = [b for b in new_waits if b[2] == self._sched_version and b[0].job_id not in (self._cycle_changed or ())]
+        new_waits.clear()
+        if not batch:
+            return
+        written: list[tuple[_Head, str, int]] = []
+        with self._sessions() as s:
+            w = self._work(s)
+            w.load_many([head.job_id for head, _, _ in batch])
+            for head, reason, version in batch:
+                loaded = w.load(head.job_id)
+                if loaded is None:
+                    continue
+                rec = loaded.record
+                if not rec.schedulable() or rec.attempt.index != head.attempt or tuple(rec.pending()) != head.pending:
+                    continue
+                w.step(head.job_id, Waiting(reason))
+                written.append((head, reason, version))
+            if not written:
+                return
+            w.commit("scheduling cycle")
+        for head, reason, version in written:
+            result.waiting[head.job_id] = reason
+            waits[head.job_id] = (version, head.attempt, head.pending, reason)
 
     def _admit(self, head: _Head, decision: Decision, result: CycleResult) -> None:
         job_id = head.job_id

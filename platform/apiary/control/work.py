@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from apiary.errors import ConflictError, UnavailableError
 from apiary.lifecycle.reducer import Effects, Input, SchedulerOp, step
-from apiary.store.records import LoadedJob, load_job
+from apiary.store.records import LoadedJob, load_job, load_jobs
 
 if TYPE_CHECKING:
     from apiary.control.plane import ControlPlane
@@ -81,6 +81,13 @@ class Work:
                 return None
             self.jobs[job_id] = loaded
         return loaded
+
+    def load_many(self, job_ids: list[str]) -> None:
+        """Load the records of ``job_ids`` not loaded yet in one go (:func:`load_jobs`); :meth:`load`
+        then answers from them."""
+        missing = [j for j in job_ids if j not in self.jobs]
+        if missing:
+            self.jobs.update(load_jobs(self.s, missing, self.plane._policy_of))
 
     def adopt(self, loaded: LoadedJob) -> None:
         """Take a job created in this transaction (a submission)."""

@@ -12,7 +12,7 @@ memory to undo, because the record is rebuilt from the store for every transacti
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
@@ -30,7 +30,7 @@ from apiary.lifecycle.reducer import (
 )
 from apiary.store.models import Attempt, Event, Job, Placement, Task
 
-__all__ = ["LoadedJob", "attempt_record", "load_job", "task_record"]
+__all__ = ["LoadedJob", "attempt_record", "load_job", "load_jobs", "task_record"]
 
 
 def task_record(row: Task) -> TaskRecord:
@@ -51,33 +51,39 @@ def attempt_record(row: Attempt) -> AttemptRecord:
     )
 
 
+def _update(row: object, **values: object) -> None:
+    """Set the attributes whose value differs: a row nothing changed stays clean, so the flush skips
+    it instead of comparing every column. (For a new row an attribute not set is None already.)"""
+    for name, value in values.items():
+        if getattr(row, name) != value:
+            setattr(row, name, value)
+
+
 def _write_task(rec: TaskRecord, row: Task) -> None:
-    row.attempt, row.task_role, row.index, row.task_attempt = rec.attempt, rec.task_role, rec.index, rec.task_attempt
-    row.state = rec.state.value
-    row.node = rec.node
-    row.gpus = list(rec.gpus) if rec.node is not None else row.gpus
-    row.desired = rec.desired.value
-    row.stop_reason = rec.stop_reason
-    row.run_id = rec.run_id
-    row.exit_code, row.exit_phrase, row.pid = rec.exit_code, rec.exit_phrase, rec.pid
-    row.placed_at, row.started, row.finished = rec.placed_at, rec.started, rec.finished
-    row.latest = rec.latest
+    _update(
+        row, attempt=rec.attempt, task_role=rec.task_role, index=rec.index, task_attempt=rec.task_attempt,
+        state=rec.state.value, node=rec.node, gpus=list(rec.gpus) if rec.node is not None else row.gpus,
+        desired=rec.desired.value, stop_reason=rec.stop_reason, run_id=rec.run_id, exit_code=rec.exit_code,
+        exit_phrase=rec.exit_phrase, pid=rec.pid, placed_at=rec.placed_at, started=rec.started,
+        finished=rec.finished, latest=rec.latest,
+    )
 
 
 def _write_job(rec: JobRecord, row: Job) -> None:
-    row.state = rec.state.value
-    row.execution_type = rec.execution_type.value
-    row.attempt = rec.attempt.index
-    row.retries_user, row.retries_platform = rec.retries_user, rec.retries_platform
-    row.launch_time, row.completion_time = rec.launch_time, rec.completion_time
-    row.exit_code, row.exit_phrase = rec.exit_code, rec.exit_phrase
-    row.waiting_reason = rec.waiting_reason
+    _update(
+        row, state=rec.state.value, execution_type=rec.execution_type.value, attempt=rec.attempt.index,
+        retries_user=rec.retries_user, retries_platform=rec.retries_platform, launch_time=rec.launch_time,
+        completion_time=rec.completion_time, exit_code=rec.exit_code, exit_phrase=rec.exit_phrase,
+        waiting_reason=rec.waiting_reason,
+    )
 
 
 def _write_attempt(rec: AttemptRecord, row: Attempt) -> None:
-    row.created, row.launched, row.finished = rec.created, rec.launched, rec.finished
-    row.outcome = rec.outcome.value if rec.outcome is not None else None
-    row.exit_code, row.reason, row.preempted_by = rec.exit_code, rec.reason, rec.preempted_by
+    _update(
+        row, created=rec.created, launched=rec.launched, finished=rec.finished,
+        outcome=rec.outcome.value if rec.outcome is not None else None, exit_code=rec.exit_code,
+        reason=rec.reason, preempted_by=rec.preempted_by,
+    )
 
 
 @dataclass
@@ -146,12 +152,46 @@ def load_job(s: Session, job_id: str, policy_of: Callable[[Job], JobPolicy]) -> 
     if row is None:
         return None
     arow = s.get(Attempt, (job_id, row.attempt))
-    assert arow is not None, f"job {job_id} has no row for its attempt {row.attempt}"
     trows = list(s.scalars(
         select(Task).where(Task.job_id == job_id, Task.attempt == row.attempt, Task.latest.is_(True))
         .order_by(Task.id)
     ))
-    prows = s.scalars(select(Placement).where(Placement.job_id == job_id, Placement.released.is_(False)))
+    prows = list(s.scalars(select(Placement).where(Placement.job_id == job_id, Placement.released.is_(False))))
+    return _loaded(row, arow, trows, prows, policy_of)
+
+
+def load_jobs(s: Session, job_ids: Iterable[str], policy_of: Callable[[Job], JobPolicy]) -> dict[str, LoadedJob]:
+    """:func:`load_job` for several jobs in four queries instead of four per job (a scheduling cycle
+    recording a batch of waits). Jobs that do not exist are left out. Meant for a few dozen ids:
+    each query lists them all."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return {}
+    rows = {r.id: r for r in s.scalars(select(Job).where(Job.id.in_(ids)))}
+    if not rows:
+        return {}
+    found = sorted(rows)
+    arows = {(a.job_id, a.index): a for a in s.scalars(select(Attempt).where(Attempt.job_id.in_(found)))}
+    trows: dict[str, list[Task]] = {}
+    for t in s.scalars(select(Task).where(Task.job_id.in_(found), Task.latest.is_(True)).order_by(Task.id)):
+        if t.attempt == rows[t.job_id].attempt:
+            trows.setdefault(t.job_id, []).append(t)
+    prows: dict[str, list[Placement]] = {}
+    for p in s.scalars(select(Placement).where(Placement.job_id.in_(found), Placement.released.is_(False))):
+        prows.setdefault(p.job_id, []).append(p)
+    return {
+        job_id: _loaded(row, arows.get((job_id, row.attempt)), trows.get(job_id, []), prows.get(job_id, []),
+                        policy_of)
+        for job_id, row in rows.items()
+    }
+
+
+def _loaded(row: Job, arow: Attempt | None, trows: list[Task], prows: list[Placement],
+            policy_of: Callable[[Job], JobPolicy]) -> LoadedJob:
+    """A :class:`LoadedJob` from a job's row, its current attempt's row, that attempt's latest task
+    rows (by id) and its unreleased placement rows."""
+    job_id = row.id
+    assert arow is not None, f"job {job_id} has no row for its attempt {row.attempt}"
     attempt = attempt_record(arow)
     tasks: list[tuple[TaskRecord, Task | None]] = [(task_record(t), t) for t in trows]
     record = JobRecord(
