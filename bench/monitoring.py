@@ -210,7 +210,6 @@ def measure_fault_to_cordon(
     /api/v2/nodes`` until the node shows ``cordoned: true`` (the sample) -- the same loop also
     notes when Prometheus first lists the node's alert as firing. Raises MonitoringUnavailable when
     the binaries are missing or Prometheus does not come up."""
-    from apiary.client import ApiaryClient
     from apiary.embedded import Embedded
     from lifecycle import cluster_config
 
@@ -246,7 +245,7 @@ def measure_fault_to_cordon(
             emb.start_supervisor(period_s=0.2)
             if not emb.prometheus_url:
                 raise MonitoringUnavailable("the platform started without Prometheus (see its log)")
-            client = ApiaryClient(emb.api_url, timeout=30)
+            client = emb.client(timeout=30)  # the admin: faults are admin-only
             _until(
                 lambda: sum(1 for n in client.nodes() if n.get("ready")) >= nodes,
                 ready_timeout_s,
