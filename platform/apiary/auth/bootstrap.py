@@ -50,11 +50,9 @@ def read_token(path: Path) -> str | None:
 
 
 def _ensure_token(directory: Directory, path: Path, kind: Kind, subject: str, description: str) -> None:
-    old = read_token(path)
-    if old is not None and directory.valid(old):
-        p = directory.authenticate(old)
-        if p.kind == kind and p.name == subject:
-            return
+    p = directory.principal_or_none(read_token(path))
+    if p is not None and p.kind == kind and p.name == subject:
+        return
     write_secret(path, directory.create_token(kind, subject, description=description).token)
 
 

@@ -130,21 +130,23 @@ class Directory:
             self._cache.clear()
 
     # ------------------------------------------------------------------ users and groups
+    def _user_json(self, s: Session, u: User) -> dict:
+        p = self._user_principal(s, u.name, "", None)
+        return {"name": u.name, "email": u.email, "groups": sorted(p.groups),
+                "virtualClusters": sorted(p.virtual_clusters), "admin": p.admin}
+
     def list_users(self) -> list[dict]:
         """``[{"name", "email", "groups", "virtualClusters", "admin"}]`` sorted by name."""
         with self._sessions() as s:
-            out = []
-            for u in s.scalars(select(User).order_by(User.name)):
-                p = self._user_principal(s, u.name, "", None)
-                out.append({"name": u.name, "email": u.email, "groups": sorted(p.groups),
-                            "virtualClusters": sorted(p.virtual_clusters), "admin": p.admin})
-            return out
+            return [self._user_json(s, u) for u in s.scalars(select(User).order_by(User.name))]
 
     def get_user(self, name: str) -> dict:
-        for u in self.list_users():
-            if u["name"] == name:
-                return u
-        raise NotFoundError(f"User {name} not found.")
+        """One user as :meth:`list_users` shows them. Raises NotFoundError."""
+        with self._sessions() as s:
+            u = s.get(User, name)
+            if u is None:
+                raise NotFoundError(f"User {name} not found.")
+            return self._user_json(s, u)
 
     def create_user(self, name: str, *, groups: Iterable[str] = (), email: str | None = None,
                     exist_ok: bool = False) -> dict:
@@ -181,24 +183,30 @@ class Directory:
             s.commit()
         self._changed()
 
-    def list_groups(self) -> list[dict]:
-        """``[{"name", "admin", "description", "members", "virtualClusters"}]`` sorted by name."""
+    def list_groups(self, name: str | None = None) -> list[dict]:
+        """``[{"name", "admin", "description", "members", "virtualClusters"}]`` sorted by name
+        (only group ``name`` if given)."""
         with self._sessions() as s:
+            mq, gq, q = select(GroupMember), select(GroupGrant), select(Group)
+            if name is not None:
+                mq, gq, q = mq.where(GroupMember.group == name), gq.where(GroupGrant.group == name), q.where(
+                    Group.name == name)
             members: dict[str, list[str]] = {}
-            for m in s.scalars(select(GroupMember).order_by(GroupMember.user)):
+            for m in s.scalars(mq.order_by(GroupMember.user)):
                 members.setdefault(m.group, []).append(m.user)
             grants: dict[str, list[str]] = {}
-            for gr in s.scalars(select(GroupGrant).order_by(GroupGrant.virtual_cluster)):
+            for gr in s.scalars(gq.order_by(GroupGrant.virtual_cluster)):
                 grants.setdefault(gr.group, []).append(gr.virtual_cluster)
             return [{"name": g.name, "admin": g.admin, "description": g.description,
                      "members": members.get(g.name, []), "virtualClusters": grants.get(g.name, [])}
-                    for g in s.scalars(select(Group).order_by(Group.name))]
+                    for g in s.scalars(q.order_by(Group.name))]
 
     def get_group(self, name: str) -> dict:
-        for g in self.list_groups():
-            if g["name"] == name:
-                return g
-        raise NotFoundError(f"Group {name} not found.")
+        """One group as :meth:`list_groups` shows it. Raises NotFoundError."""
+        found = self.list_groups(name)
+        if not found:
+            raise NotFoundError(f"Group {name} not found.")
+        return found[0]
 
     def create_group(self, name: str, *, admin: bool = False, description: str = "",
                      virtual_clusters: Iterable[str] = (), exist_ok: bool = False) -> dict:
@@ -314,10 +322,9 @@ class Directory:
         logger.info("token revoked id=%s", token_id)
         return info
 
-    def valid(self, token: str) -> bool:
-        """Whether ``token`` authenticates now (for bootstrap: keep a token file that still works)."""
+    def principal_or_none(self, token: str | None) -> Principal | None:
+        """The principal ``token`` stands for now, or None (bootstrap keeps a token file that works)."""
         try:
-            self.authenticate(token)
+            return self.authenticate(token)
         except UnauthorizedError:
-            return False
-        return True
+            return None
