@@ -119,6 +119,14 @@ class Embedded:
         self.home = Path(self.home).expanduser().resolve()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._ports: set[int] = set()
+
+    def _port(self) -> int:
+        """A free port this platform has not handed to another of its children (the OS may
+        give a released port out twice)."""
+        port = free_port(avoid=self._ports | ({self.api_port} if self.api_port else set()))
+        self._ports.add(port)
+        return port
 
     @property
     def api_url(self) -> str:
@@ -165,7 +173,7 @@ class Embedded:
         run.mkdir(exist_ok=True)
         if self.cluster is not None and (not target.exists() or source.resolve() != target):
             shutil.copyfile(source, target)
-        self.api_port = self.api_port or free_port()
+        self.api_port = self.api_port or self._port()
         logs = self.home / "logs"
         base = self._base_env()
         self.children["control-plane"] = Child(
@@ -181,7 +189,7 @@ class Embedded:
         # Every node agent serves /metrics on a port fixed here, so a restarted agent keeps its
         # Prometheus target.
         nodes = [n["name"] for n in self.client().nodes()]
-        self.metrics_ports = {n: free_port() for n in nodes}
+        self.metrics_ports = {n: self._port() for n in nodes}
         self.children["agent"] = Child(
             "agent",
             self._cli("agent", "--api", self.api_url, "--all-nodes", "--simulated-gpus",
@@ -209,7 +217,7 @@ class Embedded:
                            "(apt-get install prometheus prometheus-alertmanager); running without them")
             return
         out = self.home / "monitoring"
-        prom_port, am_port = free_port(), free_port()
+        prom_port, am_port = self._port(), self._port()
         prom_cfg = stack.render_prometheus(out, control_plane=f"127.0.0.1:{self.api_port}",
                                            alertmanager=f"127.0.0.1:{am_port}", interval_s=self.monitoring_interval_s)
         stack.write_targets(out / "targets" / "nodes.json",
@@ -252,7 +260,7 @@ class Embedded:
             self.prefect_auth_string = self._prefect_auth()
             self.prefect_server = start_prefect_server(
                 self.home / "prefect", database_url=self._prefect_database(base.get("APIARY_DATABASE_URL")),
-                auth_string=self.prefect_auth_string,
+                auth_string=self.prefect_auth_string, port=self._port(),
             )
             api = self.prefect_server.api_url
         else:

@@ -39,3 +39,36 @@ def test_run_assignment_launches_once(tmp_path):
     runs = agent.backend.list()
     assert [r.run_id for r in runs] == ["alice~j.a0.train.0.t1"] and runs[0].state == "running"
     agent.backend.stop("alice~j.a0.train.0.t1", grace_s=1)
+
+
+def test_a_taken_metrics_port_falls_back_to_a_free_one():
+    """The supervisor fixes each node's metrics port once; if something takes it before the agent
+    binds, the agent serves elsewhere instead of crash-looping on the same port forever."""
+    import socket
+
+    import httpx
+    from prometheus_client import CollectorRegistry
+
+    from apiary.runtime.agent import serve_node_metrics
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        server = serve_node_metrics("n1", CollectorRegistry(), "127.0.0.1", taken)
+        try:
+            assert server.server_port not in (taken, 0)
+            assert httpx.get(f"http://127.0.0.1:{server.server_port}/healthz", timeout=5).status_code == 200
+        finally:
+            server.shutdown()
+            server.server_close()
+
+
+def test_free_port_avoids_ports_already_handed_out():
+    from apiary.tracking.prefect_server import free_port
+
+    held: set[int] = set()
+    for _ in range(50):
+        port = free_port(avoid=held)
+        assert port not in held
+        held.add(port)

@@ -27,7 +27,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -332,6 +332,26 @@ class NodeAgent:
                 self._shipped.pop((s.run_id, "stderr"), None)
 
 
+def serve_node_metrics(node: str, registry: Any, host: str, port: int) -> Any:
+    """Serve one node's ``/metrics`` on ``host:port`` (:func:`apiary.monitoring.serve_metrics`);
+    if ``port`` is taken, on any free port instead (read ``server.server_port``).
+
+    Why not fail: the supervisor fixes the ports before the agent starts, and one taken since
+    would make every restart fail the same way. The agent reports the real URL to the control
+    plane; only a static Prometheus target for this node goes stale (logged)."""
+    from apiary.monitoring import serve_metrics
+
+    try:
+        server, _ = serve_metrics(registry, host, port)
+    except OSError as exc:
+        if not port:
+            raise
+        server, _ = serve_metrics(registry, host, 0)
+        logger.warning("node=%s metrics port %d taken (%s); serving on %d instead", node, port, exc,
+                       server.server_port)
+    return server
+
+
 def _key(s: TaskStatus) -> tuple:
     return (s.state, s.exit_code, s.started_at, s.lost, s.stopped)
 
@@ -357,7 +377,7 @@ async def run_agents(
     NVML or simulated, host and task metrics) and reports the URL to the control plane.
     ``tokens``: node -> that node agent's bearer token.
     """
-    from apiary.monitoring import NodeExporter, serve_metrics
+    from apiary.monitoring import NodeExporter
     from apiary.runtime.process import ProcessBackend
 
     stop = stop or asyncio.Event()
@@ -375,7 +395,8 @@ async def run_agents(
             if metrics_ports is None:
                 break
             agent.exporter = NodeExporter(agent.node, agent.running_tasks, gpus=agent.gpus, simulated=simulated_gpus)
-            server, _ = serve_metrics(agent.exporter.registry, metrics_host, metrics_ports.get(agent.node, 0))
+            server = serve_node_metrics(agent.node, agent.exporter.registry, metrics_host,
+                                        metrics_ports.get(agent.node, 0))
             servers.append(server)
             agent.metrics_url = f"http://{metrics_host}:{server.server_port}/metrics"
         logger.info("agents started nodes=%d api=%s", len(agents), api_url)

@@ -59,11 +59,17 @@ SERVER_TUNING = {
 }
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that was free a moment ago (the OS picks it; racy by nature)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+def free_port(host: str = "127.0.0.1", *, avoid: set[int] | None = None) -> int:
+    """A TCP port on ``host`` that was free a moment ago (the OS picks it; racy by nature), and
+    not in ``avoid``: the OS may hand a just-released port out again, so a caller that chooses
+    several ports before binding any passes the ones it already holds."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if not avoid or port not in avoid:
+            return port
+    raise OSError("no free port outside the avoided set after 100 tries")
 
 
 def new_auth_string() -> str:
