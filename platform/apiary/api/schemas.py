@@ -335,6 +335,12 @@ class TaskLaunch(BaseModel):
     image: str | None
     cpu: int
     memory_mb: int
+    virtual_cluster: str = ""
+    leaf_cells: list[str] = Field(default=[], description="HiveD leaf cells of the placement.")
+    image_auth: dict[str, str] | None = Field(
+        default=None, description="Registry credentials of the dockerImage prerequisite (secrets resolved).")
+    ports: dict[str, int] = Field(default={}, description="resourcePerInstance.ports: label -> count.")
+    probes: dict = Field(default={}, description="The role's probes (as in the assignment's probes).")
 
 
 class TaskLabels(BaseModel):

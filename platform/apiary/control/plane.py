@@ -77,6 +77,7 @@ from apiary.runtime.probes import parse_probes, probes_to_wire
 from apiary.scheduler import Decision, HivedScheduler, TaskPlacement
 from apiary.spec.cluster import ClusterConfig
 from apiary.spec.job import JobSpec, parse_job
+from apiary.spec.templating import render
 from apiary.store.models import Alert, AlertAction, Attempt, Event, Job, Node, NodeFault, Placement, Task
 from apiary.store.records import new_job_rows
 
@@ -963,9 +964,21 @@ class ControlPlane:
             attempt=task.attempt,
             simulated_gpus=bool(node_row and node_row.simulated_gpus),
         )
-        image = next(
-            (p.uri for p in (spec.prerequisites or []) if p.type == "dockerimage" and p.name == tr.docker_image), None
+        prereq = next(
+            (p for p in (spec.prerequisites or []) if p.type == "dockerimage" and p.name == tr.docker_image), None
         )
+        image = prereq.uri if prereq is not None else None
+        auth = getattr(prereq, "auth", None)
+        image_auth = None
+        if prereq is not None and auth is not None:
+            # The schema asks for the password as a <% $secrets.x %> reference: resolved here, for
+            # the one agent that runs the task (the assignments route serves a node its own runs only).
+            context = spec.template_context(task.task_role)
+            image_auth = {k: render(v, context, f"prerequisites.{prereq.name}.auth.{k}")
+                          for k, v in auth.model_dump(exclude_none=True).items()}
+        placement = s.scalar(select(Placement).where(
+            Placement.job_id == job.id, Placement.attempt == task.attempt, Placement.task_role == task.task_role,
+            Placement.index == task.index))
         return {
             "run_id": task.run_id,
             "job_id": job.id,
@@ -979,6 +992,11 @@ class ControlPlane:
             "image": image,
             "cpu": tr.resource_per_instance.cpu,
             "memory_mb": tr.resource_per_instance.memory_mb,
+            "virtual_cluster": job.virtual_cluster,
+            "leaf_cells": list(placement.leaf_cells) if placement is not None else [],
+            "image_auth": image_auth,
+            "ports": dict(tr.resource_per_instance.ports or {}),
+            "probes": probes_to_wire(*parse_probes(spec.extras, task.task_role)),
         }
 
     def list_nodes(self) -> list[dict]:
