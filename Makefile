@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 .PHONY: setup demo test test-fast lint typecheck contracts check bench up clean
 
 # The tests that start real services or processes (pyproject's markers); `make test-fast` skips them.
-SLOW_MARKERS := e2e or postgres or prometheus or prefect
+SLOW_MARKERS := e2e or postgres or prometheus or prefect or docker
 
 setup: $(STAMP)
 

@@ -33,6 +33,7 @@ from apiary.auth.bootstrap import read_token, write_secret
 from apiary.client import ApiaryClient
 from apiary.control.config import check_cluster_config
 from apiary.errors import PlatformError, PortInUseError, UnavailableError
+from apiary.images.daemons import Registry
 from apiary.procutil import die_with_parent, port_in_use
 from apiary.settings import ensure_cluster_id
 from apiary.tracking.prefect_server import (
@@ -114,6 +115,12 @@ class Embedded:
     alertmanager_url: str | None = None
     children: dict[str, Child] = field(default_factory=dict)
     prefect_server: PrefectServer | None = None
+    #: Task runtime of the agents: ``process``, or ``docker`` (dockerd is started if it does not
+    #: answer, a registry on loopback is supervised like the other children, and the image map
+    #: is ``home/image-map.yaml``, copied from the shipped defaults on the first start).
+    runtime: str = "process"
+    registry: Registry | None = None
+    dockerd: subprocess.Popen | None = None
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser().resolve()
@@ -190,11 +197,14 @@ class Embedded:
         # Prometheus target.
         nodes = [n["name"] for n in self.client().nodes()]
         self.metrics_ports = {n: self._port() for n in nodes}
+        runtime_args = ["--runtime", self.runtime]
+        if self.runtime == "docker":
+            runtime_args += self._start_docker(base, logs)
         self.children["agent"] = Child(
             "agent",
             self._cli("agent", "--api", self.api_url, "--all-nodes", "--simulated-gpus",
                       "--state-dir", str(self.home / "agents"), "--workdir", self.workdir or os.getcwd(),
-                      "--metrics-ports", json.dumps(self.metrics_ports)),
+                      "--metrics-ports", json.dumps(self.metrics_ports), *runtime_args),
             base, logs / "agent.log",
         )
         self.children["agent"].start()
@@ -204,9 +214,31 @@ class Embedded:
             self._start_prefect(base, logs)
         (run / "urls.json").write_text(json.dumps({
             "api": self.api_url, "ui": self.ui_url, "prometheus": self.prometheus_url,
-            "alertmanager": self.alertmanager_url,
+            "alertmanager": self.alertmanager_url, "registry": self.registry.url if self.registry else None,
         }))
         (run / "supervisor.pid").write_text(str(os.getpid()))
+
+    def _start_docker(self, base: dict[str, str], logs: Path) -> list[str]:
+        """dockerd (unless it answers), the registry (a supervised child, storage in
+        ``home/registry``, its port kept in ``home/run/registry-port`` so a restart keeps the
+        images' names), and ``home/image-map.yaml``; returns the agent's extra arguments."""
+        from apiary.images import imagemap
+        from apiary.images.daemons import Registry, ensure_dockerd
+
+        self.dockerd = ensure_dockerd(logs / "dockerd.log")
+        port_file = self.home / "run" / "registry-port"
+        kept = int(port_file.read_text()) if port_file.exists() else 0
+        port = kept if kept and not port_in_use(kept) else self._port()
+        port_file.write_text(str(port))
+        self.registry = Registry(self.home / "registry", port)
+        self.children["registry"] = Child("registry", self.registry.argv(), base, logs / "registry.log")
+        self.children["registry"].start()
+        self.registry.wait()
+        map_path = self.home / "image-map.yaml"
+        if not map_path.exists():
+            map_path.write_text(imagemap.default_text())
+        imagemap.load(map_path, self.registry.address)  # a broken map fails here, not in the agent
+        return ["--image-map", str(map_path), "--registry", self.registry.address]
 
     def _start_monitoring(self, base: dict[str, str], logs: Path) -> None:
         from apiary.monitoring import stack
@@ -353,12 +385,19 @@ class Embedded:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
-        for name in ("prefect-serve", "prefect-bridge", "prometheus", "alertmanager", "agent", "control-plane"):
+        for name in ("prefect-serve", "prefect-bridge", "prometheus", "alertmanager", "agent", "registry",
+                     "control-plane"):
             child = self.children.get(name)
             if child is not None:
                 child.stop()
         if self.prefect_server is not None:
             self.prefect_server.stop()
+        if self.dockerd is not None and self.dockerd.poll() is None:  # only a dockerd this platform started
+            self.dockerd.terminate()
+            try:
+                self.dockerd.wait(20)
+            except subprocess.TimeoutExpired:
+                self.dockerd.kill()
         if not self.children:
             return  # start() refused before starting anything: the run files may be another platform's
         for f in ("api_url", "urls.json", "supervisor.pid"):

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from apiary.cli.identity import add_identity_commands
+from apiary.cli.image import image_app
 from apiary.cli.sim import sim_app
 from apiary.errors import ApiaryError, PortInUseError
 
@@ -32,6 +33,7 @@ app.add_typer(node_app, name="node")
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(demo_app, name="demo")
 app.add_typer(sim_app, name="sim")
+app.add_typer(image_app, name="image")
 add_identity_commands(app, lambda token=None: _client(token), lambda e: _fail(e))
 console = Console()
 err = Console(stderr=True)
@@ -94,6 +96,9 @@ def up(
     monitoring: bool = typer.Option(
         False, "--monitoring", help="Also start Prometheus and Alertmanager with deploy/'s config (if installed)."
     ),
+    runtime: str = typer.Option(
+        "process", help="Task runtime: process, or docker (starts dockerd if needed and a registry on loopback)."
+    ),
 ) -> None:
     """Start the embedded platform and keep it up until Ctrl-C."""
     from apiary.embedded import Embedded
@@ -102,7 +107,8 @@ def up(
     settings = _settings()
     if cluster is None and not settings.cluster_path.exists():
         cluster = Path(__file__).resolve().parents[3] / "examples/lab6/hived-config-two-vcs.yaml"
-    platform = Embedded(home=settings.home_dir, cluster=cluster, api_port=port, prefect=prefect, monitoring=monitoring)
+    platform = Embedded(home=settings.home_dir, cluster=cluster, api_port=port, prefect=prefect, monitoring=monitoring,
+                        runtime=runtime)
     stopping = {"flag": False}
 
     def _term(*_):
@@ -116,6 +122,9 @@ def up(
         if platform.ui_url:
             console.print(f"Prefect UI:  {platform.ui_url}   (jobs are flow runs of flow 'apiary-job'; it asks "
                           f"for the password in {settings.home_dir / 'credentials' / 'prefect-auth'})")
+        if platform.registry is not None:
+            console.print(f"Registry:    {platform.registry.url}   (apiary image build-base; apiary image build mnist; "
+                          f"image map: {settings.home_dir / 'image-map.yaml'})")
         if platform.prometheus_url:
             console.print(f"Prometheus:  {platform.prometheus_url}   Alertmanager: {platform.alertmanager_url}")
         console.print(f"Admin token: {settings.token_path}   (the CLI uses it; apiary user / group / token)")
@@ -156,6 +165,11 @@ def agent(
     metrics_ports: str | None = typer.Option(
         None, help='Serve each node\'s /metrics: JSON {"node": port} (0 = any free port), or "auto".'
     ),
+    runtime: str = typer.Option("process", help="Task runtime: process or docker."),
+    image_map: Path | None = typer.Option(
+        None, help="YAML public image name -> registry image (docker runtime; default: the shipped map)."
+    ),
+    registry: str | None = typer.Option(None, help="The platform registry's host:port ({registry} in the map)."),
 ) -> None:
     """Run node agents (started by apiary up). SIGTERM stops them and their tasks."""
     import httpx
@@ -179,6 +193,11 @@ def agent(
 
             time.sleep(0.2)
     nodes = inventory if all_nodes else {n: inventory[n] for n in node}
+    images = None
+    if runtime == "docker":
+        from apiary.images import imagemap
+
+        images = imagemap.load(image_map.expanduser() if image_map else None, registry)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -192,7 +211,7 @@ def agent(
             ports = json.loads(metrics_ports)
         await run_agents(
             api, nodes, state_dir.expanduser(), simulated_gpus=simulated_gpus, workdir=workdir, stop=stop,
-            kill_tasks_on_exit=True, metrics_ports=ports, tokens=tokens,
+            kill_tasks_on_exit=True, metrics_ports=ports, tokens=tokens, runtime=runtime, image_map=images,
         )
 
     asyncio.run(main())

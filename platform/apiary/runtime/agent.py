@@ -352,6 +352,25 @@ def serve_node_metrics(node: str, registry: Any, host: str, port: int) -> Any:
     return server
 
 
+RUNTIMES = ("process", "docker")
+
+
+def make_backend(runtime: str, state_dir: Path, node: str, image_map: dict[str, str] | None = None) -> Any:
+    """The :class:`~apiary.runtime.base.RuntimeBackend` named ``runtime`` for ``node``. Raises
+    :class:`~apiary.errors.ValidationError` (field ``runtime``) for an unknown name and what the
+    backend's constructor raises (:class:`~apiary.errors.UnavailableError`: dockerd is down)."""
+    from apiary.errors import ValidationError
+    from apiary.runtime.process import ProcessBackend
+
+    if runtime == "process":
+        return ProcessBackend(state_dir)
+    if runtime == "docker":
+        from apiary.runtime.docker import DockerBackend
+
+        return DockerBackend(state_dir, node=node, image_map=image_map)
+    raise ValidationError("runtime", f"unknown runtime {runtime!r}; one of {', '.join(RUNTIMES)}")
+
+
 def _key(s: TaskStatus) -> tuple:
     return (s.state, s.exit_code, s.started_at, s.lost, s.stopped)
 
@@ -368,6 +387,8 @@ async def run_agents(
     metrics_ports: dict[str, int] | None = None,
     metrics_host: str = "127.0.0.1",
     tokens: dict[str, str] | None = None,
+    runtime: str = "process",
+    image_map: dict[str, str] | None = None,
 ) -> None:
     """Run one :class:`NodeAgent` per entry of ``nodes`` (name -> GPU count) in this process,
     each with a :class:`~apiary.runtime.process.ProcessBackend` under ``state_dir/<node>``.
@@ -375,17 +396,18 @@ async def run_agents(
     With ``metrics_ports`` (node -> port; 0 = any free port) every node serves its own
     ``/metrics`` and ``/healthz`` (:class:`~apiary.monitoring.NodeExporter`: GPUs, real through
     NVML or simulated, host and task metrics) and reports the URL to the control plane.
-    ``tokens``: node -> that node agent's bearer token.
+    ``tokens``: node -> that node agent's bearer token. ``runtime``: ``process`` (default) or
+    ``docker`` (:class:`~apiary.runtime.docker.DockerBackend` on the local dockerd, with
+    ``image_map``; each node keeps its records under ``state_dir/<node>`` as before).
     """
     from apiary.monitoring import NodeExporter
-    from apiary.runtime.process import ProcessBackend
 
     stop = stop or asyncio.Event()
     limits = httpx.Limits(max_connections=4 * len(nodes) + 10, max_keepalive_connections=4 * len(nodes) + 10)
     async with httpx.AsyncClient(limits=limits) as client:
         agents = [
             NodeAgent(
-                name, api_url, ProcessBackend(state_dir / name), client,
+                name, api_url, make_backend(runtime, state_dir / name, name, image_map), client,
                 gpus=gpus, simulated_gpus=simulated_gpus, workdir=workdir, token=(tokens or {}).get(name),
             )
             for name, gpus in nodes.items()
