@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Column, Table
 
+from apiary.cli.deploy import deploy_app
 from apiary.cli.identity import add_identity_commands
 from apiary.cli.image import image_app
 from apiary.cli.sim import sim_app
@@ -33,6 +34,7 @@ app.add_typer(node_app, name="node")
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(demo_app, name="demo")
 app.add_typer(sim_app, name="sim")
+app.add_typer(deploy_app, name="deploy")
 app.add_typer(image_app, name="image")
 add_identity_commands(app, lambda token=None: _client(token), lambda e: _fail(e))
 console = Console()
