@@ -187,7 +187,10 @@ def test_agents_manage_pods_logs_and_secrets_in_the_job_namespace_only(manifests
     assert role["metadata"]["namespace"] == JOBS_NS
     granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
     assert {r for r, _ in granted} == {"pods", "pods/log", "secrets"}
+    # apiary.runtime.kubernetes' calls, nothing more.
+    assert {v for r, v in granted if r == "pods"} == {"get", "list", "watch", "create", "delete"}
     assert {v for r, v in granted if r == "pods/log"} == {"get"}
+    assert {v for r, v in granted if r == "secrets"} == {"get", "create", "patch", "delete"}
     assert all(rule["apiGroups"] == [""] for rule in role["rules"])
     binding = one(manifests, "RoleBinding", "apiary-agent")
     assert binding["metadata"]["namespace"] == JOBS_NS
@@ -242,7 +245,7 @@ def test_agent_daemonset_names_its_node_with_the_downward_api(manifests: list[di
     assert cmd[cmd.index("--runtime") + 1] == "kubernetes"
     assert cmd[cmd.index("--api") + 1] == f"http://apiary-control-plane.{PLATFORM_NS}.svc:8470"
     assert cmd[cmd.index("--state-dir") + 1] == "/var/lib/apiary/agents"
-    assert env_of(agent)["APIARY_KUBERNETES_NAMESPACE"]["value"] == JOBS_NS
+    assert env_of(agent)["APIARY_K8S_NAMESPACE"]["value"] == JOBS_NS
     assert spec["nodeSelector"] == DEFAULTS.agent.node_selector
     assert spec["tolerations"] == DEFAULTS.agent.tolerations
     # The token: the Secret mounted where --credentials points.
@@ -346,7 +349,7 @@ def test_objects_live_in_the_platform_namespace_except_the_agents_job_rbac(manif
             assert ns == PLATFORM_NS, f"{m['kind']}/{m['metadata']['name']}"
     levels = {m["metadata"]["name"]: m["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
               for m in by_kind(manifests, "Namespace")}
-    assert levels == {PLATFORM_NS: "restricted", JOBS_NS: "baseline"}
+    assert levels == {PLATFORM_NS: "restricted", JOBS_NS: "privileged"}
 
 
 # ---------------------------------------------------------------------- monitoring configs

@@ -120,7 +120,8 @@ class PodSecurity(_Model):
     """Pod Security Standards enforced on the namespaces (``pod-security.kubernetes.io/enforce``)."""
 
     platform: PodSecurityLevel = "restricted"
-    jobs: PodSecurityLevel = "baseline"
+    #: The tasks' pods share their node's network (hostNetwork, as OpenPAI's), which "baseline" refuses.
+    jobs: PodSecurityLevel = "privileged"
 
 
 class Namespaces(_Model):
