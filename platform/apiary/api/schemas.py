@@ -336,7 +336,7 @@ class TaskLaunch(BaseModel):
     cpu: int
     memory_mb: int
     virtual_cluster: str = ""
-    leaf_cells: list[str] = Field(default=[], description="HiveD leaf cells of the placement.")
+    leaf_cells: list[int] = Field(default=[], description="HiveD leaf cell indices of the placement within the node.")
     image_auth: dict[str, str] | None = Field(
         default=None, description="Registry credentials of the dockerImage prerequisite (secrets resolved).")
     ports: dict[str, int] = Field(default={}, description="resourcePerInstance.ports: label -> count.")

@@ -172,6 +172,7 @@ def agent(
         None, help="YAML public image name -> registry image (docker runtime; default: the shipped map)."
     ),
     registry: str | None = typer.Option(None, help="The platform registry's host:port ({registry} in the map)."),
+    metrics_host: str = typer.Option("127.0.0.1", help="Address /metrics binds to (0.0.0.0 in a pod)."),
 ) -> None:
     """Run node agents (started by apiary up). SIGTERM stops them and their tasks."""
     import httpx
@@ -214,6 +215,7 @@ def agent(
         await run_agents(
             api, nodes, state_dir.expanduser(), simulated_gpus=simulated_gpus, workdir=workdir, stop=stop,
             kill_tasks_on_exit=True, metrics_ports=ports, tokens=tokens, runtime=runtime, image_map=images,
+            metrics_host=metrics_host,
         )
 
     asyncio.run(main())
@@ -458,12 +460,13 @@ def demo_lab6(
     prefect: bool = typer.Option(True, "--prefect/--no-prefect", help="Also run Prefect and mirror the jobs."),
     sleep_s: int = typer.Option(4, "--sleep", help="Seconds that replace the jobs' 'sleep 5m' (documented override)."),
     keep: bool = typer.Option(False, "--keep", help="Keep the demo's state directory."),
+    runtime: str = typer.Option("process", help="Task runtime: process, or docker (tasks as containers)."),
 ) -> None:
     """Run the AI-System Lab 6 scenarios on a fresh embedded platform; exit 0 only if all pass."""
     from apiary.demo.lab6 import run_demo
 
     logging.basicConfig(level=logging.WARNING)
-    ok = run_demo(console, prefect=prefect, sleep_s=sleep_s, keep=keep)
+    ok = run_demo(console, prefect=prefect, sleep_s=sleep_s, keep=keep, runtime=runtime)
     raise typer.Exit(0 if ok else 1)
 
 

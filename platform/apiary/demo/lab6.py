@@ -231,8 +231,11 @@ def run_scenarios(admin: ApiaryClient, scenarios, sleep_s: int) -> list[Outcome]
     return out
 
 
-def run_demo(console: Console, *, prefect: bool = True, sleep_s: int = 4, keep: bool = False) -> bool:
-    """Run all five scenarios, print their results (:func:`report`); True only if all passed."""
+def run_demo(console: Console, *, prefect: bool = True, sleep_s: int = 4, keep: bool = False,
+             runtime: str = "process") -> bool:
+    """Run all five scenarios, print their results (:func:`report`); True only if all passed.
+    ``runtime="docker"``: every task is a container; each platform's registry gets the mnist
+    image (Lab 6's ``openpai/pai.example.pytorch`` through the image map) before its scenarios."""
     home = Path(tempfile.mkdtemp(prefix="apiary-demo-"))
     results: list[Outcome] = []
     server = start_prefect_server(home / "prefect") if prefect else None
@@ -244,9 +247,15 @@ def run_demo(console: Console, *, prefect: bool = True, sleep_s: int = 4, keep: 
                                    ("hived-config-one-vc.yaml", SCENARIOS_ONE_VC)):
             platform = Embedded(home=home / cluster.removesuffix(".yaml"), cluster=LAB6 / cluster,
                                 prefect=prefect, prefect_api_url=server.api_url if server else None,
-                                workdir=str(REPO_ROOT))
+                                workdir=str(REPO_ROOT), runtime=runtime)
             with platform:
                 console.print(f"[dim]{cluster}: API {platform.api_url}[/dim]")
+                if platform.registry is not None:
+                    from apiary.images.build import build_example
+                    from apiary.images.daemons import docker_client
+
+                    image = build_example(docker_client(), "mnist", platform.registry.address)
+                    console.print(f"[dim]{cluster}: pushed {image}[/dim]")
                 results += run_scenarios(platform.client(), scenarios, sleep_s)
     finally:
         if server:

@@ -43,8 +43,9 @@ class TaskLaunch:
     ``image``: docker image URI; ignored by the process backend.
     ``cpu`` (cores) and ``memory_mb`` (MiB): the task's resource request; ``0`` means unset.
     ``workdir``: the task's working directory; ``None`` means the backend's default.
-    ``virtual_cluster``: the job's VC (labels only). ``leaf_cells``: the HiveD leaf cells of the
-    placement (cell addresses, e.g. ``["pool/node-0/0"]``), for HiveD's bind-info annotation.
+    ``virtual_cluster``: the job's VC (labels only). ``leaf_cells``: the placement's HiveD leaf
+    cell indices within the node (0-based, :class:`apiary.scheduler.TaskPlacement`), for HiveD's
+    bind-info annotation.
     ``image_auth``: registry credentials of the job's ``dockerImage`` prerequisite (``username``,
     ``password`` with secrets resolved, ``registryuri``), or ``None``. ``ports``: the role's
     ``resourcePerInstance.ports`` (label -> count). ``probes``: the role's probes as
@@ -66,7 +67,7 @@ class TaskLaunch:
     memory_mb: int = 0
     workdir: str | None = None
     virtual_cluster: str = ""
-    leaf_cells: list[str] = field(default_factory=list)
+    leaf_cells: list[int] = field(default_factory=list)
     image_auth: dict[str, str] | None = None
     ports: dict[str, int] = field(default_factory=dict)
     probes: dict = field(default_factory=dict)
