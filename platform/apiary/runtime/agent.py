@@ -214,7 +214,10 @@ class NodeAgent:
 
     def _env(self, env: dict[str, str]) -> dict[str, str]:
         # Process mode: the platform's own Python environment is the task's "image", so a job's
-        # `python3 ...` finds numpy and scikit-learn. Prepend it to PATH.
+        # `python3 ...` finds numpy and scikit-learn. Prepend it to PATH. A container's image
+        # brings its own PATH.
+        if self.backend.name != "process":
+            return env
         bindir = str(Path(sys.executable).parent)
         path = env.get("PATH") or os.environ.get("PATH", "/usr/bin:/bin")
         return {**env, "PATH": f"{bindir}:{path}"}
