@@ -80,8 +80,9 @@ hivedscheduler:
 """
 
 
-def job_yaml(name: str, command: str) -> str:
-    """An OpenPAI v2 job: one task role, one instance, 1 GPU, running ``command``."""
+def job_yaml(name: str, command: str, image: str = "python:3.11-slim") -> str:
+    """An OpenPAI v2 job: one task role, one instance, 1 GPU, running ``command`` (in ``image``
+    where the runtime runs containers)."""
     return f"""\
 protocolVersion: 2
 name: {name}
@@ -90,7 +91,7 @@ prerequisites:
   - protocolVersion: 2
     name: bench_image
     type: dockerimage
-    uri: python:3.11-slim
+    uri: {image}
 taskRoles:
   main:
     instances: 1
@@ -178,7 +179,8 @@ class Submitter:
 
 
 def start_platform(
-    nodes: int, gpus_per_node: int, *, prefect: bool, ready_timeout_s: float = 120.0, env: dict[str, str] | None = None
+    nodes: int, gpus_per_node: int, *, prefect: bool, ready_timeout_s: float = 120.0, env: dict[str, str] | None = None,
+    runtime: str = "process",
 ) -> Platform:
     """A started Embedded on a generated ``nodes`` x ``gpus_per_node`` cluster in a temp home, every
     node ready. ``env`` goes to its children (e.g. ``APIARY_DATABASE_URL`` for a PostgreSQL store)."""
@@ -189,7 +191,7 @@ def start_platform(
     workdir = root / "work"
     workdir.mkdir()
     emb = Embedded(home=root / "home", cluster=cfg, prefect=prefect, workdir=str(workdir),
-                   env={**UNLIMITED, **(env or {})})
+                   env={**UNLIMITED, **(env or {})}, runtime=runtime)
     t0 = time.monotonic()
     client: ApiaryClient | None = None
     try:

@@ -54,8 +54,9 @@ LIFECYCLE = ("lifecycle.start_latency", "lifecycle.concurrent", "lifecycle.queue
 MONITORING = ("monitoring.scrape", "monitoring.fault_to_cordon")
 PREFECT = ("prefect.ui_lag", "prefect.catch_up")
 API = ("api.submit", "api.hostile")
-BENCHMARKS = ("scheduler", "replay", *LIFECYCLE, *API, *MONITORING, *PREFECT)
-GROUPS = {"lifecycle": LIFECYCLE, "api": API, "monitoring": MONITORING, "prefect": PREFECT}
+RUNTIME = ("runtime.docker_start",)
+BENCHMARKS = ("scheduler", "replay", *LIFECYCLE, *API, *RUNTIME, *MONITORING, *PREFECT)
+GROUPS = {"lifecycle": LIFECYCLE, "api": API, "runtime": RUNTIME, "monitoring": MONITORING, "prefect": PREFECT}
 ONLY_CHOICES = (*BENCHMARKS, *GROUPS)  # a family name = every benchmark of that family
 PREFECT_RATE, PREFECT_DURATION_S, PREFECT_BURST = 20.0, 60.0, 1000
 QUICK_PREFECT_DURATION_S, QUICK_PREFECT_BURST = 10.0, 100
@@ -253,6 +254,10 @@ def write_results(out: Path, section: dict, replace: bool, name: str = "lifecycl
         import api_submit
 
         merged["method"] = api_submit.method(merged)
+    elif name == "runtime":
+        import runtime_docker
+
+        merged["method"] = runtime_docker.method(merged)
     elif name == "prefect":
         import prefect_lag
 
@@ -355,6 +360,24 @@ def run_monitoring(which: set[str], quick: bool, errors: list[str]) -> dict:
                 print(f"monitoring.fault_to_cordon: {e}", file=sys.stderr, flush=True)
             else:
                 traceback.print_exc()
+    return section
+
+
+def run_runtime(which: set[str], quick: bool, errors: list[str]) -> dict:
+    """``runtime.docker_start`` (bench/runtime_docker.py): 50 jobs (10 with --quick)."""
+    section: dict = {}
+    if "runtime.docker_start" not in which:
+        return section
+    import runtime_docker
+
+    try:
+        d = runtime_docker.measure_docker_start(10 if quick else 50).to_dict()
+        section.update(d)
+        print(f"runtime docker_start: n={d['docker_start_samples']} p50={d['docker_start_p50_s']}s "
+              f"p99={d['docker_start_p99_s']}s max={d['docker_start_max_s']}s ({d['docker_start_image']})", flush=True)
+    except Exception:
+        errors.append("runtime.docker_start")
+        traceback.print_exc()
     return section
 
 
@@ -615,6 +638,11 @@ def main(argv: list[str] | None = None) -> int:
         written["api"] = api
         # a run of both api benchmarks replaces the section; a run of one updates its keys
         write_results(args.out, api, replace=set(API) <= which, name="api")
+    rt = run_runtime(which, args.quick, errors)
+    if rt:
+        stamp(rt, args.quick)
+        written["runtime"] = rt
+        write_results(args.out, rt, replace=True, name="runtime")
     mon = run_monitoring(which, args.quick, errors)
     if mon:
         stamp(mon, args.quick)

@@ -72,3 +72,42 @@ def test_free_port_avoids_ports_already_handed_out():
         port = free_port(avoid=held)
         assert port not in held
         held.add(port)
+
+
+def test_a_runtime_that_is_away_defers_the_launch_instead_of_failing_the_task(tmp_path):
+    """dockerd or the Kubernetes API down for a moment: -1203 would be permanent (never retried),
+    so the agent leaves the run unlaunched and launches it on a later poll."""
+    from apiary.errors import UnavailableError
+
+    agent = make_agent(tmp_path)
+    real = agent.backend.launch
+    calls = []
+
+    def away_once(task):
+        calls.append(task.run_id)
+        if len(calls) == 1:
+            raise UnavailableError("dockerd does not answer")
+        return real(task)
+
+    agent.backend.launch = away_once  # type: ignore[method-assign]
+    run = "alice~j.a0.train.0.t9"
+    agent._reconcile([assignment(run, "RUN")])
+    assert run not in agent._failed and agent.backend.status(run) is None
+    agent._reconcile([assignment(run, "RUN")])
+    assert agent.backend.status(run).running and calls == [run, run]
+    agent.backend.stop(run, grace_s=1)
+
+
+def test_the_agent_leaves_probing_to_a_runtime_that_runs_probes(tmp_path):
+    agent = make_agent(tmp_path)
+    watched = []
+    agent._watch_probes = lambda *a: watched.append(a[0])  # type: ignore[method-assign]
+    probes = {"livenessProbe": {"exec": {"command": ["true"]}}}
+    agent._reconcile([{**assignment("alice~j.a0.train.0.t10", "RUN"), "probes": probes}])
+    assert watched == ["alice~j.a0.train.0.t10"]
+    agent.backend.runs_probes = True
+    agent._reconcile([{**assignment(r, "RUN"), "probes": probes}
+                      for r in ("alice~j.a0.train.0.t10", "alice~j.a0.train.0.t11")])
+    assert watched == ["alice~j.a0.train.0.t10"]
+    for run in ("alice~j.a0.train.0.t10", "alice~j.a0.train.0.t11"):
+        agent.backend.stop(run, grace_s=1)

@@ -167,7 +167,7 @@ def agent(
     metrics_ports: str | None = typer.Option(
         None, help='Serve each node\'s /metrics: JSON {"node": port} (0 = any free port), or "auto".'
     ),
-    runtime: str = typer.Option("process", help="Task runtime: process or docker."),
+    runtime: str = typer.Option("process", help="Task runtime: process, docker or kubernetes."),
     image_map: Path | None = typer.Option(
         None, help="YAML public image name -> registry image (docker runtime; default: the shipped map)."
     ),

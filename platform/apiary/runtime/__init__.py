@@ -5,7 +5,10 @@ embedded default, :func:`build_task_env` (``env``) the OpenPAI environment a tas
 
 ``BACKENDS`` is the explicit registry of backend classes by name. Every backend listed here is
 imported unconditionally, so a backend that fails to import fails the import of
-``apiary.runtime`` loudly instead of silently disappearing from the registry.
+``apiary.runtime`` loudly instead of silently disappearing from the registry. The container
+backends, :mod:`apiary.runtime.docker` and :mod:`apiary.runtime.kubernetes`, are not listed: their
+client libraries take about a second to import (the kubernetes client: 1.2 s here), which every
+CLI call would pay. :func:`apiary.runtime.agent.make_backend` builds any of the three by name.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from apiary.errors import PlatformError, ValidationError
+from apiary.errors import PlatformError, UnavailableError, ValidationError
 from apiary.lifecycle import EXIT_LAUNCH_FAILED, EXIT_LIVENESS_FAILED
 from apiary.runtime.base import RuntimeBackend, TaskLaunch, TaskStatus
 from apiary.runtime.probes import Prober, monotonic_from_wall, probes_from_wire
@@ -169,8 +169,12 @@ class NodeAgent:
                 launch = TaskLaunch(**{**a["launch"], "workdir": self.workdir, "env": self._env(a["launch"]["env"])})
                 try:
                     st = self.backend.launch(launch)
-                    if st.state == "running" and a.get("probes"):
+                    if st.state == "running" and a.get("probes") and not self.backend.runs_probes:
                         self._watch_probes(run_id, a["probes"], st, launch)
+                except UnavailableError as e:
+                    # dockerd or the API server is away for a moment: not the task's fault, and
+                    # -1203 would be permanent. The next assignment poll launches it again.
+                    logger.warning("node=%s run=%s launch deferred: %s", self.node, run_id, e)
                 except PlatformError as e:
                     logger.error("node=%s run=%s launch failed: %s", self.node, run_id, e)
                     now = time.time()
@@ -355,14 +359,13 @@ def serve_node_metrics(node: str, registry: Any, host: str, port: int) -> Any:
     return server
 
 
-RUNTIMES = ("process", "docker")
+RUNTIMES = ("process", "docker", "kubernetes")
 
 
 def make_backend(runtime: str, state_dir: Path, node: str, image_map: dict[str, str] | None = None) -> Any:
     """The :class:`~apiary.runtime.base.RuntimeBackend` named ``runtime`` for ``node``. Raises
     :class:`~apiary.errors.ValidationError` (field ``runtime``) for an unknown name and what the
     backend's constructor raises (:class:`~apiary.errors.UnavailableError`: dockerd is down)."""
-    from apiary.errors import ValidationError
     from apiary.runtime.process import ProcessBackend
 
     if runtime == "process":
@@ -371,6 +374,12 @@ def make_backend(runtime: str, state_dir: Path, node: str, image_map: dict[str, 
         from apiary.runtime.docker import DockerBackend
 
         return DockerBackend(state_dir, node=node, image_map=image_map)
+    if runtime == "kubernetes":
+        # Pods in APIARY_K8S_NAMESPACE (default apiary-jobs) of the cluster in APIARY_KUBECONFIG,
+        # the pod's service account, or ~/.kube/config (apiary.runtime.kubernetes).
+        from apiary.runtime.kubernetes import KubernetesBackend
+
+        return KubernetesBackend(state_dir, node=node)
     raise ValidationError("runtime", f"unknown runtime {runtime!r}; one of {', '.join(RUNTIMES)}")
 
 
@@ -399,9 +408,10 @@ async def run_agents(
     With ``metrics_ports`` (node -> port; 0 = any free port) every node serves its own
     ``/metrics`` and ``/healthz`` (:class:`~apiary.monitoring.NodeExporter`: GPUs, real through
     NVML or simulated, host and task metrics) and reports the URL to the control plane.
-    ``tokens``: node -> that node agent's bearer token. ``runtime``: ``process`` (default) or
+    ``tokens``: node -> that node agent's bearer token. ``runtime``: ``process`` (default),
     ``docker`` (:class:`~apiary.runtime.docker.DockerBackend` on the local dockerd, with
-    ``image_map``; each node keeps its records under ``state_dir/<node>`` as before).
+    ``image_map``) or ``kubernetes`` (:class:`~apiary.runtime.kubernetes.KubernetesBackend`);
+    each node keeps its records under ``state_dir/<node>`` as before.
     """
     from apiary.monitoring import NodeExporter
 

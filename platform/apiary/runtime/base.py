@@ -109,6 +109,9 @@ class RuntimeBackend(ABC):
     """Starts and tracks task processes on one node. Thread-safe; one instance per state."""
 
     name: str = "abstract"
+    #: True when the backend hands the task role's probes to its own runtime (Kubernetes'
+    #: kubelet); the node agent then does not probe the task a second time.
+    runs_probes: bool = False
 
     @abstractmethod
     def launch(self, task: TaskLaunch) -> TaskStatus:

@@ -630,6 +630,7 @@ class KubernetesBackend(RuntimeBackend):
     """
 
     name = "kubernetes"
+    runs_probes = True  # the pod's livenessProbe / readinessProbe: the kubelet probes
 
     def __init__(
         self,
