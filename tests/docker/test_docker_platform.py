@@ -116,3 +116,13 @@ def test_preempted_container_is_removed(platform, docker_client):
     assert done(c, high)["state"] == "SUCCEEDED"
     c.stop(low)
     done(c, low)
+
+
+def test_lab6_demo_passes_with_the_docker_runtime(docker_client):
+    """``apiary demo lab6 --runtime docker --no-prefect``: all five scenarios with every task a
+    container (each platform's registry gets the mnist image first)."""
+    out = subprocess.run([sys.executable, "-m", "apiary", "demo", "lab6", "--runtime", "docker", "--no-prefect"],
+                         capture_output=True, text=True, timeout=800, cwd=REPO_ROOT)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:]
+    assert out.stdout.count("PASS ") == 5 and "5 of 5 scenarios passed." in out.stdout
+    assert "pushed " in out.stdout  # the image really went to the platforms' registries
