@@ -47,6 +47,7 @@ def test_run_demo_says_the_prefect_ui_ends_with_it_and_reports_once(monkeypatch:
 
     class FakePlatform:
         api_url = "http://127.0.0.1:8999"
+        registry = None  # the process runtime: no registry
 
         def __init__(self, **kw: object) -> None:
             pass
