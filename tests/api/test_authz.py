@@ -158,6 +158,7 @@ ROUTES = [
     row("GET", "/api/v2/events", PEOPLE),
     row("POST", "/api/v2/scheduler/cycle", {"admin": 200, "bridge": 200}),
     row("GET", "/api/v2/cluster/status", PEOPLE),
+    row("GET", "/api/v2/cluster/consistency", {"admin": 200}),
     row("PUT", "/api/v2/cluster/config", {"admin": 200},
         body=lambda who, w: {"content": CONFIG.read_bytes(), "headers": {"Content-Type": "text/yaml"}}),
     row("GET", "/api/v2/nodes", {**PEOPLE, "agent-carol": 200, "agent-dan": 200, "alertmanager": 200}),

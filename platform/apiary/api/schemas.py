@@ -286,6 +286,13 @@ class ReconfigureResult(BaseModel):
     stopped: dict[str, str] = Field(description="job -> why its attempt was stopped (retried as a platform retry).")
 
 
+class ConsistencyJson(BaseModel):
+    """What ``ControlPlane.check_consistency`` found: the store against the scheduler's memory."""
+
+    consistent: bool = Field(description="True when the store and the scheduler agree.")
+    problems: list[str] = Field(description="One sentence per difference, naming the job or node.")
+
+
 # ============================================================================ nodes
 
 

@@ -1,4 +1,5 @@
-"""Scheduler and cluster routes: run a cycle, the scheduler's view, apply a changed cluster config."""
+"""Scheduler and cluster routes: run a cycle, the scheduler's view, apply a changed cluster config, check
+that the store and the scheduler agree."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 from apiary.api.auth import Admin, AdminOrBridge, People
 from apiary.api.deps import Plane
 from apiary.api.guards import plain_text
-from apiary.api.schemas import ERROR_RESPONSES, ClusterStatus, CycleResultJson, ReconfigureResult
+from apiary.api.schemas import ERROR_RESPONSES, ClusterStatus, ConsistencyJson, CycleResultJson, ReconfigureResult
 
 router = APIRouter(prefix="/api/v2", tags=["cluster"], responses=ERROR_RESPONSES,
                    dependencies=[Depends(plain_text)])
@@ -42,3 +43,12 @@ async def cluster_config(request: Request, plane: Plane, _caller: Admin) -> dict
     config is a 400 naming the field (the checks of ``apiary.control.config.check_cluster_config``)
     and changes nothing. Admins only."""
     return await run_in_threadpool(plane.reconfigure, await request.body())
+
+
+@router.get("/cluster/consistency", response_model=ConsistencyJson)
+def consistency(plane: Plane, _caller: Admin) -> dict:
+    """``ControlPlane.check_consistency``: every unreleased placement in the store against the scheduler's
+    allocations, and every node's health, both ways. Read-only. Admins only (operators and chaos drills:
+    ``apiary.chaos.probes.consistency_holds``)."""
+    problems = plane.check_consistency()
+    return {"consistent": not problems, "problems": problems}
