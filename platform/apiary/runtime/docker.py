@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import calendar
 import hashlib
-import json
 import logging
 import re
 import threading
@@ -58,7 +57,9 @@ from typing import Any
 from apiary.errors import PlatformError, UnavailableError, ValidationError
 from apiary.runtime.base import LogStream, RuntimeBackend, TaskLaunch, TaskStatus
 from apiary.runtime.env import gpu_env
-from apiary.runtime.process import RUN_ID_RE
+from apiary.runtime.records import RUN_ID_RE
+from apiary.runtime.records import read_json as _read_json
+from apiary.runtime.records import write_json as _write_json
 
 logger = logging.getLogger(__name__)
 
@@ -103,20 +104,6 @@ def _parse_time(text: str | None) -> float | None:
         return None
     whole = calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S"))
     return whole + (float(m.group(2)[:10]) if m.group(2) else 0.0)
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data) + "\n")
-    tmp.replace(path)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 class DockerBackend(RuntimeBackend):

@@ -139,7 +139,9 @@ from kubernetes.client.exceptions import ApiException  # type: ignore[import-unt
 from apiary.errors import PlatformError, UnavailableError, ValidationError
 from apiary.runtime.base import LogStream, RuntimeBackend, TaskLaunch, TaskStatus
 from apiary.runtime.env import gpu_env
-from apiary.runtime.process import RUN_ID_RE
+from apiary.runtime.records import read_json as _read_json
+from apiary.runtime.records import valid_run_id as _valid_run_id
+from apiary.runtime.records import write_atomic as _write_atomic
 from apiary.spec.probes import ExecAction, HTTPGetAction, ProbeSpec, probes_from_wire
 
 logger = logging.getLogger(__name__)
@@ -532,25 +534,6 @@ def api_client_from_env(kubeconfig: str | Path | None = None, context: str | Non
 # The backend
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _valid_run_id(run_id: object) -> bool:
-    return isinstance(run_id, str) and bool(RUN_ID_RE.match(run_id))
 
 
 def _api_message(exc: Any) -> str:

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -71,8 +70,9 @@ import psutil
 from apiary.errors import PlatformError, ValidationError
 from apiary.runtime.base import LogStream, RuntimeBackend, TaskLaunch, TaskStatus
 from apiary.runtime.env import gpu_env
-
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9_~\-][A-Za-z0-9_~.\-]{0,199}$")
+from apiary.runtime.records import read_json as _read_json
+from apiary.runtime.records import valid_run_id as _valid_run_id
+from apiary.runtime.records import write_atomic as _write_atomic
 
 INHERITED_ENV = (
     "PATH",
@@ -113,25 +113,6 @@ exit "$rc"
 _SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
 
 
-def _valid_run_id(run_id: object) -> bool:
-    return isinstance(run_id, str) and bool(RUN_ID_RE.match(run_id))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _read_exit_code(path: Path) -> tuple[int, float] | None:
