@@ -7,9 +7,10 @@ lifecycle benchmarks (bench/lifecycle.py, on the embedded platform), the API ben
 behind 1,000 queued jobs; the hostile-request corpus timed) and the monitoring benchmarks
 (bench/monitoring.py: a node's /metrics scrape time, fault -> alert -> cordon through real
 Prometheus and Alertmanager) and the Prefect mirroring benchmarks (bench/prefect_lag.py: UI lag
-at 20 jobs/s, catch-up of a 1,000-job burst, on PostgreSQL), writes their numbers to the
-``scheduler``, ``replay``, ``lifecycle``, ``api``, ``monitoring`` and ``prefect`` sections of
-``bench/results.json`` (other top-level sections are kept), prints
+at 20 jobs/s, catch-up of a 1,000-job burst, on PostgreSQL) and the load benchmark
+(bench/load_steady.py: the steady Locust profile, 50 people, against an embedded platform), writes
+their numbers to the ``scheduler``, ``replay``, ``lifecycle``, ``api``, ``monitoring``, ``prefect``
+and ``load`` sections of ``bench/results.json`` (other top-level sections are kept), prints
 measured vs target (bench/thresholds.yaml) and exits 1 if a target is missed, 2 if a benchmark
 could not run. See bench/README.md.
 
@@ -20,6 +21,7 @@ could not run. See bench/README.md.
     .venv/bin/python bench/run.py --only api                        # submissions/s + hostile requests
     .venv/bin/python bench/run.py --only monitoring                 # scrape time + fault -> cordon
     .venv/bin/python bench/run.py --only prefect [--prefect-sqlite] [--prefect-profile]
+    .venv/bin/python bench/run.py --only load                       # steady load profile (Locust), 50 people
 """
 
 from __future__ import annotations
@@ -55,8 +57,10 @@ MONITORING = ("monitoring.scrape", "monitoring.fault_to_cordon")
 PREFECT = ("prefect.ui_lag", "prefect.catch_up")
 API = ("api.submit", "api.hostile")
 RUNTIME = ("runtime.docker_start",)
-BENCHMARKS = ("scheduler", "replay", *LIFECYCLE, *API, *RUNTIME, *MONITORING, *PREFECT)
-GROUPS = {"lifecycle": LIFECYCLE, "api": API, "runtime": RUNTIME, "monitoring": MONITORING, "prefect": PREFECT}
+LOAD = ("load.steady",)
+BENCHMARKS = ("scheduler", "replay", *LIFECYCLE, *API, *RUNTIME, *MONITORING, *PREFECT, *LOAD)
+GROUPS = {"lifecycle": LIFECYCLE, "api": API, "runtime": RUNTIME, "monitoring": MONITORING, "prefect": PREFECT,
+          "load": LOAD}
 ONLY_CHOICES = (*BENCHMARKS, *GROUPS)  # a family name = every benchmark of that family
 PREFECT_RATE, PREFECT_DURATION_S, PREFECT_BURST = 20.0, 60.0, 1000
 QUICK_PREFECT_DURATION_S, QUICK_PREFECT_BURST = 10.0, 100
@@ -258,6 +262,10 @@ def write_results(out: Path, section: dict, replace: bool, name: str = "lifecycl
         import runtime_docker
 
         merged["method"] = runtime_docker.method(merged)
+    elif name == "load":
+        import load_steady
+
+        merged["method"] = load_steady.method(merged)
     elif name == "prefect":
         import prefect_lag
 
@@ -428,6 +436,33 @@ def run_api(which: set[str], quick: bool, errors: list[str]) -> dict:
     return section
 
 
+def run_load(which: set[str], quick: bool, errors: list[str]) -> dict:
+    """The ``load`` benchmark (bench/load_steady.py): the steady profile, 50 people for 90 s (10 for
+    30 s with --quick); a failed run is added to ``errors`` and leaves its keys out."""
+    section: dict = {}
+    if "load.steady" not in which:
+        return section
+    import load_steady
+
+    try:
+        users, duration = ((load_steady.QUICK_USERS, load_steady.QUICK_DURATION_S) if quick
+                           else (load_steady.USERS, load_steady.DURATION_S))
+        d = load_steady.measure_steady(users, duration)
+        section.update(d)
+        print(
+            f"load steady: {d['users']} people + {d['agents']} node agents for {d['duration_s']:g} s: "
+            f"{d['requests']} requests at {d['requests_per_s']}/s, {d['failures']} failed; submissions "
+            f"{d['submit_per_s']}/s p95={d['submit_p95_ms']} ms p99={d['submit_p99_ms']} ms; jobs "
+            f"{d['listed']}/{d['accepted']} accepted listed ({d['lost']} lost); gates "
+            f"{'PASS' if d['gates_passed'] else 'FAIL: ' + '; '.join(d['gates_failed'])}",
+            flush=True,
+        )
+    except Exception:
+        errors.append("load.steady")
+        traceback.print_exc()
+    return section
+
+
 def run_prefect(which: set[str], quick: bool, databases: list[str], profile: bool, errors: list[str]) -> dict:
     """The ``prefect`` benchmarks in ``which`` on each of ``databases``; PostgreSQL's numbers are the
     section's own keys (the ones thresholds.yaml checks), SQLite's go under ``sqlite``. A failed
@@ -498,8 +533,8 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         action="append",
         choices=ONLY_CHOICES,
-        help="run only this benchmark (repeatable); a family name ('lifecycle', 'api', 'monitoring', 'prefect') = "
-        "every benchmark of that family",
+        help="run only this benchmark (repeatable); a family name ('lifecycle', 'api', 'monitoring', 'prefect', "
+        "'load') = every benchmark of that family",
     )
     ap.add_argument(
         "--quick",
@@ -508,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         f"replay of the first 2,000 Philly jobs, {QUICK_SCRAPE_SAMPLES} scrapes, {QUICK_CORDON_SAMPLES} "
         f"fault -> cordon samples, Prefect lag over {QUICK_PREFECT_DURATION_S:.0f} s and a {QUICK_PREFECT_BURST}-job "
         f"burst, {QUICK_API_SUBMISSIONS} API submissions per run behind {QUICK_API_QUEUED} queued jobs, the hostile "
-        "corpus once",
+        "corpus once, the steady load profile with 10 people for 30 s",
     )
     ap.add_argument("--out", type=Path, default=BENCH_DIR / "results.json", help="results file (merged)")
     ap.add_argument("--thresholds", type=Path, default=BENCH_DIR / "thresholds.yaml")
@@ -656,6 +691,11 @@ def main(argv: list[str] | None = None) -> int:
         written["prefect"] = pre
         # a run of both prefect benchmarks on PostgreSQL replaces the section; others update their keys
         write_results(args.out, pre, replace=set(PREFECT) <= which and "postgresql" in dbs, name="prefect")
+    ld = run_load(which, args.quick, errors)
+    if ld:
+        stamp(ld, args.quick)
+        written["load"] = ld
+        write_results(args.out, ld, replace=True, name="load")
     if written:
         print(f"wrote {', '.join(written)} to {args.out}", flush=True)
 
