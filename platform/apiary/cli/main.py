@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Column, Table
 
+from apiary.cli.chaos import chaos_app
 from apiary.cli.deploy import deploy_app
 from apiary.cli.identity import add_identity_commands
 from apiary.cli.image import image_app
@@ -37,6 +38,7 @@ app.add_typer(demo_app, name="demo")
 app.add_typer(sim_app, name="sim")
 app.add_typer(deploy_app, name="deploy")
 app.add_typer(image_app, name="image")
+app.add_typer(chaos_app, name="chaos")
 app.add_typer(load_app, name="load")
 add_identity_commands(app, lambda token=None: _client(token), lambda e: _fail(e))
 console = Console()
