@@ -5,7 +5,9 @@
 * ``apiary-job/job``: the runs the bridge makes for CLI/REST jobs (Retry re-runs the job);
 * ``what-if-replay/whatif``: a trace replay from the UI (see flows/whatif.py);
 * ``scheduling-loop/loop``: on demand only (no schedule): Apiary's control plane runs the
-  scheduler itself, and a run per minute would bury the jobs in the runs list.
+  scheduler itself, and a run per minute would bury the jobs in the runs list;
+* the drills on cron schedules (flows/drills.py, :data:`DRILL_SCHEDULES`): ``inspection/inspection``,
+  ``stress-drill/nightly``, ``chaos-drill/weekly``, ``load-drill/weekly``.
 
 All read ``APIARY_API_URL`` (passed as the default ``api_url`` parameter) and need
 ``PREFECT_API_URL`` pointing at the Prefect server. The form's virtual-cluster drop-down lists
@@ -27,6 +29,7 @@ from prefect import serve  # noqa: E402
 
 from apiary.tracking.portal import form_schema  # noqa: E402
 from apiary.tracking.source import service_headers  # noqa: E402
+from drills import chaos_drill, inspection, load_drill, stress_drill  # noqa: E402
 from job import rerun_job, submit_form, submit_yaml  # noqa: E402
 from scheduling import scheduling_loop  # noqa: E402
 from whatif import what_if_replay  # noqa: E402
@@ -88,6 +91,36 @@ def deployments(api_url: str | None = None) -> list:
     return [submit, yaml_submit, job, loop, whatif]
 
 
+#: (flow, deployment name, cron in UTC, what it does). Inspection every 5 minutes; the stress drill
+#: nightly when the cluster is quiet; the chaos drill on a weekday morning, when people are there to
+#: respond (Netflix runs Chaos Monkey in business hours); the load drill weekly, off-peak (Sunday
+#: night). Edit the crons here, or pause a schedule in the Prefect UI.
+DRILL_SCHEDULES = (
+    (inspection, "inspection", "*/5 * * * *",
+     "Every 5 minutes: a tiny opportunistic job per virtual cluster, submit -> running -> succeeded "
+     "against the SLO (apiary_probe_* metrics, alert ApiaryInspectionProbeFailing)."),
+    (stress_drill, "nightly", "0 2 * * *",
+     "Nightly: a benchmark job on every node, diagnosed by apiary/drills/rules.yaml; failing nodes are "
+     "reported (apiary_drill_node_failed) and cordoned."),
+    (chaos_drill, "weekly", "0 10 * * 2",
+     "Weekly (Tuesday 10:00 UTC): the chaos experiments tagged for drills, aborted and rolled back when "
+     "the inspection probe fails beyond the error budget."),
+    (load_drill, "weekly", "0 3 * * 0",
+     "Weekly, off-peak (Sunday 03:00 UTC): the smoke load profile, under the same guard."),
+)
+
+
+def drill_deployments(api_url: str | None = None) -> list:
+    """The drills' deployments (:data:`DRILL_SCHEDULES`), one run at a time each."""
+    api_url = api_url or os.environ.get("APIARY_API_URL")
+    url = {"api_url": api_url} if api_url else {}
+    return [
+        fl.to_deployment(name=name, cron=cron, description=text, parameters=url or None, tags=["apiary", "drill"],
+                         concurrency_limit=1)
+        for fl, name, cron, text in DRILL_SCHEDULES
+    ]
+
+
 def _schema(deployment, vcs: list[str] | None) -> object:
     from prefect.utilities.callables import ParameterSchema
 
@@ -97,7 +130,7 @@ def _schema(deployment, vcs: list[str] | None) -> object:
 
 
 def main() -> None:
-    serve(*deployments())
+    serve(*deployments(), *drill_deployments())
 
 
 if __name__ == "__main__":

@@ -185,6 +185,9 @@ ROUTES = [
     row("POST", "/api/v2/tokens", {"admin": 201},
         body=lambda who, w: {"json": {"kind": "agent", "subject": DAN}}, id="POST /api/v2/tokens (agent)"),
     row("GET", "/api/v2/tokens", PEOPLE),
+    row("POST", "/api/v2/drills/results", {"admin": 200, "bridge": 200},
+        body=lambda who, w: {"json": {"drill": "inspection", "result": "passed", "startedAt": 1.0, "finishedAt": 2.0}}),
+    row("GET", "/api/v2/drills", PEOPLE),
 ]
 
 

@@ -52,6 +52,17 @@ CONTROL_PLANE_METRICS = {
     "apiary_node_healthy",
     "apiary_node_cordoned",
     "apiary_service_heartbeat_timestamp_seconds",
+    # drills (apiary.drills.board, reported through POST /api/v2/drills/results)
+    "apiary_probe_success",
+    "apiary_probe_duration_seconds",
+    "apiary_probe_last_run_timestamp_seconds",
+    "apiary_probe_runs_total",
+    "apiary_drill_result",
+    "apiary_drill_last_run_timestamp_seconds",
+    "apiary_drill_last_success_timestamp_seconds",
+    "apiary_drill_duration_seconds",
+    "apiary_drill_runs_total",
+    "apiary_drill_node_failed",
 }
 PROMETHEUS_METRICS = {"up"}
 KNOWN_METRICS = DCGM_METRICS | NODE_METRICS | CONTROL_PLANE_METRICS | PROMETHEUS_METRICS

@@ -4,12 +4,13 @@ The routes are in :mod:`apiary.api.routers`, one module per resource: ``jobs`` (
 server v2: ``POST /api/v2/jobs`` with a YAML or JSON body, ``GET /api/v2/jobs``,
 ``GET /api/v2/jobs/{user}~{name}``, ``PUT .../executionType`` with ``{"value": "STOP"}``, task
 logs, and ``/api/v2/events`` for the Prefect bridge), ``cluster`` (scheduler cycle, status,
-config), ``nodes``, ``alerts``, ``agents`` (``/api/v2/nodes/{node}/...`` for node agents) and
-``identity`` (users, groups, tokens, ``/api/v2/me``). Every route but ``/healthz``, ``/metrics``
-and the OpenAPI pages needs ``Authorization: Bearer <token>`` (:mod:`apiary.api.auth`). Bodies
-are capped (413) and users' calls rate-limited (429 with ``Retry-After``; :mod:`apiary.api.guards`).
-Bodies are the models of :mod:`apiary.api.schemas`. Errors answer ``{"code", "message"}`` (plus
-``"field"`` for a ValidationError) with the status of the :mod:`apiary.errors` class; a
+config), ``nodes``, ``alerts``, ``agents`` (``/api/v2/nodes/{node}/...`` for node agents),
+``identity`` (users, groups, tokens, ``/api/v2/me``) and ``drills`` (drill results, shown in
+``/metrics``). Every route but ``/healthz``, ``/metrics`` and the OpenAPI pages needs
+``Authorization: Bearer <token>`` (:mod:`apiary.api.auth`). Bodies are capped (413) and users'
+calls rate-limited (429 with ``Retry-After``; :mod:`apiary.api.guards`). Bodies are the models
+of :mod:`apiary.api.schemas`. Errors answer ``{"code", "message"}`` (plus ``"field"`` for a
+ValidationError) with the status of the :mod:`apiary.errors` class; a
 malformed request (FastAPI's RequestValidationError, a JSON body that does not parse) is a 400
 naming the field, after a 401 for a caller without a valid token. Starlette's own answers have the
 same shape: an unknown route is a 404 ``NoApiError`` (OpenPAI's code), a method the path does not
@@ -40,6 +41,7 @@ from apiary.api.longpoll import NodeWaiters
 from apiary.api.schemas import ERROR_RESPONSES, Health, job_protocol_components
 from apiary.auth import Directory
 from apiary.control import ControlPlane
+from apiary.drills.board import DrillBoard
 from apiary.errors import ApiaryError, NotFoundError, PlatformError, UnauthorizedError, UserError, ValidationError
 from apiary.monitoring.platform_metrics import PlatformCollector
 from apiary.ops.alerts import ActionsConfig, AlertReceiver
@@ -50,13 +52,14 @@ logger = logging.getLogger(__name__)
 
 def create_app(
     plane: ControlPlane, receiver: AlertReceiver | None = None, *, cluster_id: str | None = None,
-    directory: Directory | None = None, settings: Settings | None = None,
+    directory: Directory | None = None, settings: Settings | None = None, drills: DrillBoard | None = None,
 ) -> FastAPI:
     """The app over ``plane``; ``receiver`` handles Alertmanager's webhook (default: the
     packaged actions config, or ``APIARY_ALERT_ACTIONS``); ``cluster_id`` is the platform's identity
     that ``/healthz`` answers (:func:`apiary.settings.ensure_cluster_id`); ``directory`` verifies
     tokens (default: over the plane's store); ``settings`` gives the body cap, rate limits and
-    whether ``/metrics`` is public (default: the environment's)."""
+    whether ``/metrics`` is public (default: the environment's); ``drills`` records the drills'
+    results (default: in memory only; ``apiary up`` keeps them in ``home/drills.json``)."""
     settings = settings or Settings()
     if receiver is None:
         receiver = AlertReceiver(plane, ActionsConfig.load(settings.alert_actions))
@@ -76,6 +79,7 @@ def create_app(
     app.state.receiver = receiver
     app.state.waiters = waiters
     app.state.directory = directory
+    app.state.drills = drills = drills if drills is not None else DrillBoard()
     app.state.limiter = RateLimiter(settings.rate_calls, settings.rate_submits)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
 
@@ -120,7 +124,7 @@ def create_app(
         return JSONResponse(PlatformError("Apiary failed; the request may succeed later.").to_dict(), status_code=500)
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(PlatformCollector(plane.metrics_snapshot))
+    registry.register(PlatformCollector(lambda: {**plane.metrics_snapshot(), **drills.snapshot()}))
 
     @app.get(
         "/metrics",

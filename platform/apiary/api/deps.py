@@ -1,4 +1,5 @@
-"""What the routers get from the app (FastAPI dependencies): the plane, the alert receiver, the waiters.
+"""What the routers get from the app (FastAPI dependencies): the plane, the alert receiver, the waiters,
+the drill results.
 
 ``create_app`` puts them on ``app.state``; the dependencies are ``async`` so FastAPI calls them in
 the event loop instead of a worker thread.
@@ -12,6 +13,7 @@ from fastapi import Depends, Request
 
 from apiary.api.longpoll import NodeWaiters
 from apiary.control import ControlPlane
+from apiary.drills.board import DrillBoard
 from apiary.ops.alerts import AlertReceiver
 
 
@@ -23,6 +25,10 @@ async def get_receiver(request: Request) -> AlertReceiver:
     return request.app.state.receiver
 
 
+async def get_board(request: Request) -> DrillBoard:
+    return request.app.state.drills
+
+
 async def get_waiters(request: Request) -> NodeWaiters:
     return request.app.state.waiters
 
@@ -30,3 +36,4 @@ async def get_waiters(request: Request) -> NodeWaiters:
 Plane = Annotated[ControlPlane, Depends(get_plane)]
 Receiver = Annotated[AlertReceiver, Depends(get_receiver)]
 Waiters = Annotated[NodeWaiters, Depends(get_waiters)]
+Board = Annotated[DrillBoard, Depends(get_board)]

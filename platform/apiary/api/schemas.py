@@ -10,7 +10,7 @@ validates and serializes them through these models. Times are ISO 8601 UTC strin
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -134,6 +134,12 @@ class FaultRequest(RequestBody):
     xid: int | None = Field(default=None, ge=0, le=INT32_MAX, description="Raise XID error CODE.")
     temp: float | None = Field(default=None, ge=-273.15, le=1000, allow_inf_nan=False,
                                description="Force the temperature, Celsius.")
+    degraded: float | None = Field(
+        default=None, ge=1, le=1000, allow_inf_nan=False,
+        description="Simulated slowdown FACTOR (>= 1; 1 = healthy): the GPU's SM clock drops by it and the "
+                    "node's agent gives tasks on it APIARY_SIMULATED_SLOWDOWN=FACTOR, which the stress drill's "
+                    "benchmark honours (examples/stress/bench.py). A simulation, for drills.",
+    )
     clear: bool = Field(default=False, description="Reset the GPU's faults.")
 
 
@@ -324,6 +330,7 @@ class Fault(BaseModel):
     ecc_sbe: int | None = None
     xid: int | None = None
     temp: float | None = None
+    degraded: float | None = None
     clear: bool | None = None
 
 
@@ -412,6 +419,83 @@ class AlertActionRecord(AlertActionResult):
 class AlertsPage(BaseModel):
     alerts: list[AlertJson] = Field(description="Newest first.")
     actions: list[AlertActionRecord] = Field(description="Newest first.")
+
+
+# ============================================================================ drills
+
+
+_Seconds = Annotated[float, Field(ge=0, le=MAX_UNIX_S, allow_inf_nan=False)]
+
+
+class ProbeResult(RequestBody):
+    """One inspection probe of a VC (apiary.drills.inspection): a tiny opportunistic job's
+    submit -> running -> succeeded against the SLO."""
+
+    virtualCluster: str = Field(min_length=1, max_length=100)
+    success: bool = Field(description="The job succeeded within the SLO.")
+    phases: dict[Literal["schedule", "run", "total"], _Seconds] = Field(
+        default={}, description="Seconds: schedule (submit to running), run (running to succeeded), total "
+                                "(submit to its end); the phases reached.")
+    jobId: str | None = Field(default=None, max_length=300)
+    reason: str = Field(default="", max_length=2000, description="Why it failed; empty on success.")
+
+
+class NodeFailure(RequestBody):
+    """A node the stress drill's diagnosis failed, and the rule (apiary/drills/rules.yaml)."""
+
+    node: str = Field(min_length=1, max_length=200)
+    rule: str = Field(min_length=1, max_length=100)
+    detail: str = Field(default="", max_length=2000)
+
+
+class DrillReport(RequestBody):
+    """One drill run's result, as a drill reports it (``POST /api/v2/drills/results``)."""
+
+    drill: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,63}$",
+                       description="inspection, stress-drill, chaos-drill, load-drill, or another drill's name.")
+    result: Literal["passed", "failed", "aborted"] = Field(
+        description="aborted: the drill's guard stopped it because the steady state broke its error budget.")
+    startedAt: _Seconds = Field(description="Unix seconds.")
+    finishedAt: _Seconds = Field(description="Unix seconds.")
+    summary: str = Field(default="", max_length=4000)
+    probes: list[ProbeResult] = Field(default=[], max_length=1000)
+    nodeFailures: list[NodeFailure] | None = Field(
+        default=None, max_length=10000,
+        description="The stress drill's failed (node, rule) pairs; replaces the last list ([] clears it). "
+                    "None (other drills): left as it is.")
+
+
+class DrillRecord(BaseModel):
+    drill: str
+    result: Literal["passed", "failed", "aborted"]
+    startedAt: float
+    finishedAt: float
+    durationS: float
+    summary: str
+    lastSuccessAt: float | None = Field(description="Unix seconds of the last passed run; None before one.")
+
+
+class ProbeRecord(BaseModel):
+    virtualCluster: str
+    success: bool
+    phases: dict[str, float]
+    at: float = Field(description="Unix seconds the probe's drill run ended.")
+    jobId: str | None
+    reason: str
+
+
+class NodeFailureRecord(BaseModel):
+    node: str
+    rule: str
+    detail: str
+    drill: str
+    at: float
+
+
+class DrillsPage(BaseModel):
+    drills: list[DrillRecord] = Field(description="The last run of each drill, by name.")
+    probes: list[ProbeRecord] = Field(description="The last inspection probe of each VC.")
+    nodeFailures: list[NodeFailureRecord] = Field(description="The last stress drill's failed nodes.")
 
 
 # ============================================================================ process

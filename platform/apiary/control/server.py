@@ -13,6 +13,7 @@ from apiary.auth import Directory, bootstrap
 from apiary.control.config import check_cluster_config
 from apiary.control.loop import SchedulingLoop
 from apiary.control.plane import ControlPlane
+from apiary.drills.board import DrillBoard
 from apiary.settings import Settings, ensure_cluster_id
 from apiary.store import make_engine, migrate, session_factory
 
@@ -51,7 +52,8 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8470) -> None
     logger.info("control plane listening on http://%s:%d", host, port)
     try:
         uvicorn.run(
-            create_app(plane, cluster_id=cluster_id, directory=directory, settings=settings),
+            create_app(plane, cluster_id=cluster_id, directory=directory, settings=settings,
+                       drills=DrillBoard(settings.home_dir / "drills.json")),
             host=host, port=port, log_level="warning", access_log=False,
             timeout_graceful_shutdown=2,  # agents' long polls must not hold a restart
         )

@@ -303,6 +303,7 @@ class _Faults:
     pcie_replay: int = 0
     foreign: int = 0
     lost: bool = False
+    degraded: float = 1.0  # simulated slowdown factor (1 = healthy)
 
     def active(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -315,6 +316,8 @@ class _Faults:
                 out[k] = getattr(self, k)
         if self.lost:
             out["lost"] = True
+        if self.degraded != 1.0:
+            out["degraded"] = self.degraded
         return out
 
 
@@ -396,19 +399,24 @@ class SimulatedGpus:
         pcie_replay: int | None = None,
         foreign: int | None = None,
         lost: bool | None = None,
+        degraded: float | None = None,
     ) -> dict[str, Any]:
         """Inject faults on GPU ``gpu``; returns the GPU's active faults.
 
         ``ecc_dbe``/``ecc_sbe``/``pcie_replay`` add N to the volatile counter; ``xid`` sets the last XID
         (and counts one XID event); ``temp`` overrides the temperature until cleared; ``foreign`` runs
         N processes that are not platform tasks on the GPU; ``lost`` makes the GPU invisible (fallen off
-        the bus: the node's GPU count drops).
+        the bus: the node's GPU count drops); ``degraded`` (a factor >= 1, 1 = healthy) throttles the
+        GPU: its busy SM clock is divided by the factor (the node agent also slows the tasks on it
+        down, see ``apiary.runtime.agent``).
         """
         if not 0 <= gpu < self.count:
             raise ValueError(f"no GPU {gpu} on {self.node} (has {self.count})")
         for name, n in (("ecc_dbe", ecc_dbe), ("ecc_sbe", ecc_sbe), ("pcie_replay", pcie_replay), ("foreign", foreign)):
             if n is not None and n < 0:
                 raise ValueError(f"{name} must be >= 0")
+        if degraded is not None and not 1.0 <= float(degraded) <= 1000.0:
+            raise ValueError("degraded must be a factor in [1, 1000]")
         with self._lock:
             f = self._faults.setdefault(gpu, _Faults())
             if ecc_dbe:
@@ -426,6 +434,8 @@ class SimulatedGpus:
                 f.foreign = int(foreign)
             if lost is not None:
                 f.lost = bool(lost)
+            if degraded is not None:
+                f.degraded = float(degraded)
             return f.active()
 
     def clear(self, gpu: int | None = None) -> None:
@@ -482,7 +492,7 @@ class SimulatedGpus:
             temp = f.temp if f.temp is not None else float(round(idle_temp + sp.temp_per_util_c * util))
             power_jitter = (2 * _unit(self.seed, "power", self.node, g, step) - 1) * 2.0
             power = sp.idle_power_w + (sp.max_power_w - sp.idle_power_w) * util / 100.0 + power_jitter
-            sm_clock = sp.idle_sm_clock_mhz if util == 0 else sp.max_sm_clock_mhz
+            sm_clock = sp.idle_sm_clock_mhz if util == 0 else round(sp.max_sm_clock_mhz / f.degraded)
             pids += [FOREIGN_PID_BASE + k for k in range(f.foreign)]
             out.append(
                 GpuSample(

@@ -83,6 +83,20 @@ class PlatformCollector:
         (e.g. ``service="node-agent", instance=<node>`` from the agents' reports).
     ``last_cycle_at``
         epoch seconds of the last scheduling cycle; default: the last :func:`observe_cycle`.
+    ``probes``
+        ``[{"virtualCluster", "success": bool, "phases": {phase: s}, "at"}]`` (the last inspection probe
+        per VC, :class:`apiary.drills.board.DrillBoard`) -> ``apiary_probe_success``,
+        ``apiary_probe_duration_seconds``, ``apiary_probe_last_run_timestamp_seconds``.
+    ``probe_runs``
+        ``{virtual_cluster: {"success"|"failure": n}}`` -> ``apiary_probe_runs_total``.
+    ``drills``
+        ``[{"drill", "result", "finishedAt", "durationS", "lastSuccessAt"}]`` -> ``apiary_drill_result``,
+        ``apiary_drill_last_run_timestamp_seconds``, ``apiary_drill_last_success_timestamp_seconds``,
+        ``apiary_drill_duration_seconds``.
+    ``drill_runs``
+        ``{drill: {"passed"|"failed"|"aborted": n}}`` -> ``apiary_drill_runs_total``.
+    ``drill_node_failures``
+        ``[{"node", "rule"}]`` (the last stress drill's) -> ``apiary_drill_node_failed``.
     """
 
     def __init__(self, snapshot: Callable[[], Snapshot] | None = None, *, clock: Callable[[], float] = time.time):
@@ -172,3 +186,64 @@ class PlatformCollector:
         for (service, instance), ts in sorted(beats.items()):
             h.add_metric([service, instance], ts)
         yield h
+
+        yield from _drill_families(snap)
+
+
+def _drill_families(snap: Snapshot) -> Iterator[Metric]:
+    """The inspection probe's and the drills' families (snapshot keys in :class:`PlatformCollector`)."""
+    success = GaugeMetricFamily("apiary_probe_success", "1 when the last inspection probe of the VC met its SLO.",
+                                labels=["virtual_cluster"])
+    duration = GaugeMetricFamily(
+        "apiary_probe_duration_seconds",
+        "Phase durations of the last inspection probe: schedule (submit to running), run (running to "
+        "succeeded), total (submit to its end).", labels=["virtual_cluster", "phase"])
+    last = GaugeMetricFamily("apiary_probe_last_run_timestamp_seconds", "End of the last inspection probe (epoch s).",
+                             labels=["virtual_cluster"])
+    for p in snap.get("probes") or ():
+        vc = str(p["virtualCluster"])
+        success.add_metric([vc], 1.0 if p.get("success") else 0.0)
+        for phase, seconds in sorted((p.get("phases") or {}).items()):
+            duration.add_metric([vc, str(phase)], float(seconds))
+        if p.get("at") is not None:
+            last.add_metric([vc], float(p["at"]))
+    yield success
+    yield duration
+    yield last
+    runs = CounterMetricFamily("apiary_probe_runs", "Inspection probes by result (success, failure).",
+                               labels=["virtual_cluster", "result"])
+    for vc, counts in sorted((snap.get("probe_runs") or {}).items()):
+        for result, n in sorted(counts.items()):
+            runs.add_metric([vc, str(result)], float(n))
+    yield runs
+
+    result = GaugeMetricFamily("apiary_drill_result", "1 when the drill's last run passed, 0 when it failed or "
+                               "was aborted.", labels=["drill"])
+    ran = GaugeMetricFamily("apiary_drill_last_run_timestamp_seconds", "End of the drill's last run (epoch s).",
+                            labels=["drill"])
+    ok = GaugeMetricFamily("apiary_drill_last_success_timestamp_seconds",
+                           "End of the drill's last passed run (epoch s); absent until one passes.", labels=["drill"])
+    took = GaugeMetricFamily("apiary_drill_duration_seconds", "Duration of the drill's last run.", labels=["drill"])
+    for d in snap.get("drills") or ():
+        name = str(d["drill"])
+        result.add_metric([name], 1.0 if d.get("result") == "passed" else 0.0)
+        ran.add_metric([name], float(d["finishedAt"]))
+        took.add_metric([name], float(d.get("durationS") or 0.0))
+        if d.get("lastSuccessAt") is not None:
+            ok.add_metric([name], float(d["lastSuccessAt"]))
+    yield result
+    yield ran
+    yield ok
+    yield took
+    counted = CounterMetricFamily("apiary_drill_runs", "Drill runs by result (passed, failed, aborted).",
+                                  labels=["drill", "result"])
+    for name, counts in sorted((snap.get("drill_runs") or {}).items()):
+        for res, n in sorted(counts.items()):
+            counted.add_metric([name, str(res)], float(n))
+    yield counted
+    failed = GaugeMetricFamily("apiary_drill_node_failed",
+                               "1 for each (node, rule) the last stress drill's diagnosis failed.",
+                               labels=["node", "rule"])
+    for f in snap.get("drill_node_failures") or ():
+        failed.add_metric([str(f["node"]), str(f["rule"])], 1.0)
+    yield failed

@@ -45,6 +45,9 @@ HEARTBEAT_S = 2.0
 REPORT_POLL_S = 0.25
 LONG_POLL_S = 10.0
 LOG_CHUNK = 256 * 1024
+#: Set for tasks on a GPU with an injected ``degraded`` fault: the slowdown factor (a simulation;
+#: examples/stress/bench.py honours it).
+SLOWDOWN_ENV = "APIARY_SIMULATED_SLOWDOWN"
 
 
 class NodeAgent:
@@ -88,6 +91,7 @@ class NodeAgent:
         self.exporter: NodeExporter | None = None  # set by run_agents when metrics are served
         self._labels: dict[str, dict] = {}  # run_id -> metric labels and gpus, from the assignments
         self._faults_applied = 0
+        self._degraded: dict[int, float] = {}  # GPU -> simulated slowdown factor (fault `degraded`)
         self.prober = Prober()  # Kubernetes-style liveness / readiness probes of running tasks
         self._liveness_failed: dict[str, str] = {}
 
@@ -126,8 +130,10 @@ class NodeAgent:
                 continue
             backoff = 0.2
             generation = data["generation"]
-            await asyncio.to_thread(self._reconcile, data["assignments"])
+            # Faults first: a task launched in this reconcile already runs on a degraded GPU
+            # queued before it was assigned.
             self._apply_faults(data.get("faults", []))
+            await asyncio.to_thread(self._reconcile, data["assignments"])
             self._report_now.set()
 
     def running_tasks(self) -> list[dict]:
@@ -139,13 +145,22 @@ class NodeAgent:
         ]
 
     def _apply_faults(self, faults: list[dict]) -> None:
-        """Apply injected simulated-GPU faults queued by the control plane, each once, in order."""
+        """Apply injected simulated-GPU faults queued by the control plane, each once, in order.
+
+        ``degraded`` (a slowdown factor) is also kept here, exporter or not: tasks launched later on
+        that GPU get ``APIARY_SIMULATED_SLOWDOWN`` (:meth:`slowdown`); ``clear`` resets it."""
         for f in faults:
             if f["id"] <= self._faults_applied:
                 continue
             self._faults_applied = f["id"]
+            if f.get("clear"):
+                self._degraded.pop(f["gpu"], None)
+            elif f.get("degraded") is not None:
+                self._degraded[f["gpu"]] = float(f["degraded"])
+                logger.info("node=%s gpu=%s degraded x%s (simulated)", self.node, f["gpu"], f["degraded"])
             if self.exporter is None or self.exporter.simulated is None:
-                logger.warning("node=%s fault %s ignored: no simulated GPUs", self.node, f)
+                if f.get("degraded") is None:
+                    logger.warning("node=%s fault %s ignored: no simulated GPUs", self.node, f)
                 continue
             kinds = {k: v for k, v in f.items() if k not in ("id", "gpu", "clear")}
             try:
@@ -166,7 +181,8 @@ class NodeAgent:
             if run_id in self._tombstones or run_id in self._failed:
                 continue
             if a["desired"] == "RUN":
-                launch = TaskLaunch(**{**a["launch"], "workdir": self.workdir, "env": self._env(a["launch"]["env"])})
+                env = self._env(a["launch"]["env"], a["launch"].get("gpus"))
+                launch = TaskLaunch(**{**a["launch"], "workdir": self.workdir, "env": env})
                 try:
                     st = self.backend.launch(launch)
                     if st.state == "running" and a.get("probes") and not self.backend.runs_probes:
@@ -216,7 +232,18 @@ class NodeAgent:
             self._stop_async(run_id)
             self._report_now.set()
 
-    def _env(self, env: dict[str, str]) -> dict[str, str]:
+    def slowdown(self, gpus: list[int]) -> float:
+        """The simulated slowdown factor of a task on ``gpus`` (the largest ``degraded`` fault among
+        them; for a task without GPUs, the node's largest); 1.0 when none is degraded."""
+        factors = [self._degraded.get(g, 1.0) for g in gpus] if gpus else list(self._degraded.values())
+        return max(factors, default=1.0)
+
+    def _env(self, env: dict[str, str], gpus: list[int] | None = None) -> dict[str, str]:
+        # A degraded GPU (simulated fault): the task is told how much slower it should run. Only
+        # programs that read it slow down (the stress drill's benchmark does); nothing else changes.
+        factor = self.slowdown(list(gpus or []))
+        if factor != 1.0:
+            env = {**env, SLOWDOWN_ENV: f"{factor:g}"}
         # Process mode: the platform's own Python environment is the task's "image", so a job's
         # `python3 ...` finds numpy and scikit-learn. Prepend it to PATH. A container's image
         # brings its own PATH.

@@ -57,9 +57,10 @@ def node_fault(node: str, body: FaultRequest, plane: Plane, _caller: Admin) -> d
     """Queue a fault for the node's simulated GPUs; its agent applies it on its next long poll. Admins only."""
     if body.clear:
         return plane.inject_fault(node, body.gpu, clear=True)
-    kinds = {"ecc_dbe": body.eccDbe, "ecc_sbe": body.eccSbe, "xid": body.xid, "temp": body.temp}
+    kinds = {"ecc_dbe": body.eccDbe, "ecc_sbe": body.eccSbe, "xid": body.xid, "temp": body.temp,
+             "degraded": body.degraded}
     if not any(v is not None for v in kinds.values()):
-        raise ValidationError("eccDbe", "give one of eccDbe, eccSbe, xid, temp or clear")
+        raise ValidationError("eccDbe", "give one of eccDbe, eccSbe, xid, temp, degraded or clear")
     return plane.inject_fault(node, body.gpu, **kinds)
 
 

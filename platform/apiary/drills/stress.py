@@ -1,0 +1,278 @@
+"""The stress drill: a hardware-validation job on every node, diagnosed by rules (AI-System 7.6.3.3).
+
+1. **One job per node.** Apiary (like HiveD) has no node selector, so each job asks for a whole
+   node: as many GPUs as the node has, of its SKU (``skuType``). N such jobs for the N schedulable
+   nodes of a SKU land on N different nodes while they are idle; the node each ran on is read back
+   from the job. A node that is busy, cordoned or unhealthy is not tested this time (the report
+   lists it), and two jobs may meet on one node when one finished before another was placed.
+   The jobs are opportunistic (``oppo``): they take idle GPUs only and are preempted first, so the
+   drill never delays a guaranteed job.
+2. **The benchmark** is ``examples/stress/bench.py`` (the job's command, from the task's working
+   directory like Lab 6's jobs): matmul throughput and memory bandwidth with NumPy, NVML readings
+   when there is a driver; it prints one JSON line, read back from the job's log.
+3. **Diagnosis** (:mod:`apiary.drills.diagnosis`, rules in ``rules.yaml``): per-node verdicts from
+   variance against a per-SKU baseline, value thresholds and failure checks.
+4. **Action**: each failed node is reported (``apiary_drill_node_failed{node,rule}``, alert
+   ``ApiaryDrillNodeFailed``) and cordoned unless ``cordon=False`` (``APIARY_DRILL_STRESS_CORDON``).
+   Un-cordoning after a repair is the operator's: ``apiary node uncordon <node>``.
+
+Simulated clusters: a ``degraded`` fault (``POST /api/v2/nodes/{node}/faults {"gpu": 0,
+"degraded": 3}``) makes the node's agent set ``APIARY_SIMULATED_SLOWDOWN=3`` for tasks on that GPU,
+and the benchmark runs that much slower, so the diagnosis can be tried end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from apiary.drills.common import DrillApi, DrillOutcome, drill_job, record, unique_suffix
+from apiary.drills.diagnosis import NodeResult, NodeVerdict, Rules, diagnose
+from apiary.errors import ApiaryError
+
+logger = logging.getLogger(__name__)
+
+STRESS_PREFIX = "apiary-stress"
+BENCH_COMMAND = "python3 examples/stress/bench.py"
+FINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+def parse_bench_output(text: str) -> dict[str, Any] | None:
+    """The last JSON line of the benchmark's stdout (``{"apiary_bench": 1, ...}``), or None."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(doc, dict) and doc.get("apiary_bench"):
+                return doc
+    return None
+
+
+@dataclass
+class NodeRun:
+    """One node's part of the drill: the job, where it ran, what the benchmark said."""
+
+    node: str
+    sku: str
+    simulated: bool
+    job_id: str | None = None
+    state: str = "untested"
+    ran_on: str | None = None
+    bench: dict[str, Any] | None = None
+    error: str = ""
+
+
+@dataclass
+class StressReport:
+    verdicts: list[NodeVerdict] = field(default_factory=list)
+    runs: list[NodeRun] = field(default_factory=list)
+    untested: dict[str, str] = field(default_factory=dict)  # node -> why
+    cordoned: list[str] = field(default_factory=list)
+    cordon_errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def failed_nodes(self) -> list[str]:
+        return [v.node for v in self.verdicts if not v.passed]
+
+
+def _result_of(run: NodeRun) -> NodeResult:
+    node = run.ran_on or run.node
+    if run.state != "SUCCEEDED" and run.bench is None:
+        return NodeResult(node, run.sku, run.simulated, ok=False, error=run.error or f"job {run.state}")
+    if run.bench is None:
+        return NodeResult(node, run.sku, run.simulated, ok=False, error="no benchmark result line in the job's log")
+    if not run.bench.get("ok"):
+        return NodeResult(node, run.sku, run.simulated, ok=False, error=str(run.bench.get("error") or "ok=false"))
+    metrics = {k: float(v) for k, v in (run.bench.get("metrics") or {}).items() if isinstance(v, int | float)}
+    return NodeResult(node, run.sku, run.simulated, ok=True, metrics=metrics)
+
+
+def stress(api: DrillApi, rules: Rules, *, image: str, timeout_s: float = 900.0, cordon: bool = True,
+           nodes: list[str] | None = None, command: str = BENCH_COMMAND, poll_s: float = 1.0,
+           max_cordon_fraction: float = 0.5,
+           clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> StressReport:
+    """Run the benchmark on every schedulable node with GPUs (or ``nodes``), diagnose, cordon the
+    failed nodes when ``cordon`` (none when more than ``max_cordon_fraction`` of the tested nodes
+    failed: see the code). Jobs still unfinished after ``timeout_s`` are stopped (their nodes
+    untested). Raises an :mod:`apiary.errors` error only when the node list cannot be read."""
+    report = StressReport()
+    listed = api.nodes()
+    wanted = set(nodes) if nodes else None
+    targets: list[dict] = []
+    for n in listed:
+        if wanted is not None and n["name"] not in wanted:
+            continue
+        if not n.get("schedulable"):
+            report.untested[n["name"]] = "cordoned" if n.get("cordoned") else "not ready"
+        elif not n.get("gpus"):
+            report.untested[n["name"]] = "no GPUs"
+        else:
+            targets.append(n)
+    suffix = unique_suffix()
+    vc_of_any = next(iter(sorted(api.cluster_status().get("virtualClusters", {}))), "default")
+    runs: list[NodeRun] = []
+    for i, n in enumerate(targets):
+        run = NodeRun(n["name"], n["skuType"], bool(n.get("simulatedGpus")))
+        text = drill_job(f"{STRESS_PREFIX}-{suffix}-{i}", vc_of_any, image=image, commands=[command],
+                         gpu=int(n["gpus"]), sku=n["skuType"], role="bench")
+        try:
+            run.job_id = api.submit_job(text)["id"]
+            run.state = "WAITING"
+        except ApiaryError as e:
+            run.error = f"submission refused: {e.message}"
+        runs.append(run)
+    deadline = clock() + timeout_s
+    while True:
+        open_runs = [r for r in runs if r.job_id and r.state not in FINAL]
+        for r in open_runs:
+            try:
+                job = api.get(r.job_id or "")
+            except ApiaryError as e:
+                logger.warning("stress job=%s unreadable: %s", r.job_id, e.message)
+                continue
+            r.state = job["state"]
+            r.ran_on = next((t["node"] for t in job.get("tasks") or [] if t.get("node")), r.ran_on)
+            if r.state in FINAL:
+                try:
+                    r.bench = parse_bench_output(api.logs(r.job_id or "", task_role="bench"))
+                except ApiaryError as e:
+                    r.error = f"log unreadable: {e.message}"
+                if r.state != "SUCCEEDED":
+                    r.error = r.error or f"job {r.state} (exit code {job.get('exitCode')})"
+        if not [r for r in runs if r.job_id and r.state not in FINAL]:
+            break
+        if clock() >= deadline:
+            for r in runs:
+                if r.job_id and r.state not in FINAL:
+                    try:
+                        api.stop(r.job_id)
+                    except ApiaryError as e:
+                        logger.warning("stress job=%s not stopped: %s", r.job_id, e.message)
+                    r.error = f"not finished within {timeout_s:g} s ({r.state})"
+                    r.state = "untested"
+            break
+        sleep(poll_s)
+    report.runs = runs
+    results: list[NodeResult] = []
+    seen: set[str] = set()
+    for r in runs:
+        if r.state == "untested" or (r.state == "STOPPED" and r.bench is None) or r.job_id is None:
+            report.untested.setdefault(r.ran_on or r.node, r.error or "not run")
+            continue
+        res = _result_of(r)
+        if res.node in seen:  # a second job on a node tested already (module doc): the first counts
+            continue
+        seen.add(res.node)
+        results.append(res)
+    for name in [n["name"] for n in targets]:
+        if name not in seen:
+            report.untested.setdefault(name, "no benchmark job ran there (busy, or another node took its job)")
+    report.untested = {n: why for n, why in report.untested.items() if n not in seen}
+    report.verdicts = diagnose(results, rules)
+    failed = [v for v in report.verdicts if not v.passed]
+    # A circuit breaker on the action: when most nodes fail at once, the drill itself (an image
+    # without the benchmark, a bad baseline) is the likelier fault, and cordoning them all would
+    # take the cluster down. Report them; cordon none.
+    limit = max(1, int(max_cordon_fraction * len(report.verdicts)))
+    if cordon and len(failed) > limit:
+        report.cordon_errors = {v.node: f"not cordoned: {len(failed)} of {len(report.verdicts)} nodes failed "
+                                        f"(more than {max_cordon_fraction:.0%}); check the drill first" for v in failed}
+        cordon = False
+    for v in failed:
+        logger.warning("stress node=%s failed rules=%s", v.node, [f.rule for f in v.failures])
+        if cordon:
+            try:
+                api.cordon(v.node, True)
+                report.cordoned.append(v.node)
+            except ApiaryError as e:
+                report.cordon_errors[v.node] = e.message
+    return report
+
+
+def rows(report: StressReport) -> list[dict[str, Any]]:
+    """The table artifact: one row per node (tested or not)."""
+    by_node = {r.ran_on or r.node: r for r in report.runs}
+    out: list[dict[str, Any]] = []
+    for v in report.verdicts:
+        run = by_node.get(v.node)
+        metrics = (run.bench or {}).get("metrics", {}) if run else {}
+        out.append({
+            "node": v.node, "sku": v.sku, "verdict": "passed" if v.passed else "FAILED",
+            "matmulGflops": round(metrics["matmul_gflops"], 3) if "matmul_gflops" in metrics else None,
+            "memBandwidthGbps": round(metrics["mem_bandwidth_gbps"], 3) if "mem_bandwidth_gbps" in metrics else None,
+            "failedRules": ", ".join(sorted({f.rule for f in v.failures})),
+            "detail": "; ".join(f.detail for f in v.failures),
+            "cordoned": v.node in report.cordoned,
+            "job": run.job_id if run else None,
+            "note": (run.bench or {}).get("note", "") if run else "",
+        })
+    for node, why in sorted(report.untested.items()):
+        out.append({"node": node, "sku": None, "verdict": "untested", "matmulGflops": None, "memBandwidthGbps": None,
+                    "failedRules": "", "detail": why, "cordoned": False, "job": None, "note": ""})
+    return out
+
+
+def run_stress(api: DrillApi, rules: Rules, *, image: str, timeout_s: float = 900.0, cordon: bool = True,
+               nodes: list[str] | None = None, report: bool = True, **kw: Any) -> DrillOutcome:
+    """The ``stress-drill``: :func:`stress`, then report the verdicts (``nodeFailures``). Passed
+    when at least one node was tested and none failed."""
+    started = time.time()
+    rep = stress(api, rules, image=image, timeout_s=timeout_s, cordon=cordon, nodes=nodes, **kw)
+    failed = rep.failed_nodes
+    tested = len(rep.verdicts)
+    summary = f"{tested - len(failed)}/{tested} tested nodes passed"
+    if failed:
+        summary += f"; failed: {', '.join(failed)}"
+        if rep.cordoned:
+            summary += f" (cordoned: {', '.join(rep.cordoned)})"
+    if rep.untested:
+        summary += f"; untested: {', '.join(sorted(rep.untested))}"
+    if rep.cordon_errors:
+        summary += "; cordon refused: " + "; ".join(f"{n}: {m}" for n, m in rep.cordon_errors.items())
+    outcome = DrillOutcome(
+        drill="stress-drill", result="passed" if tested and not failed else "failed", summary=summary,
+        started_at=started, finished_at=time.time(), rows=rows(rep),
+        details={"failedNodes": failed, "cordoned": rep.cordoned, "untested": rep.untested},
+    )
+    outcome.plots = _plots(rep)
+    failures = [{"node": v.node, "rule": f.rule, "detail": f.detail[:2000]}
+                for v in rep.verdicts for f in v.failures]
+    if report:
+        record(api, outcome, nodeFailures=failures)
+    return outcome
+
+
+def _plots(report: StressReport) -> dict[str, str]:
+    """A bar chart of each benchmark per node (markdown with the PNG inline), when any node ran."""
+    data = [(r["node"], r["matmulGflops"], r["memBandwidthGbps"], r["verdict"]) for r in rows(report)
+            if r["matmulGflops"] is not None]
+    if not data:
+        return {}
+    import base64
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    names = [d[0] for d in data]
+    colors = ["tab:red" if d[3] == "FAILED" else "tab:green" for d in data]
+    for ax, idx, title in ((axes[0], 1, "matmul GFLOP/s"), (axes[1], 2, "memory bandwidth GB/s")):
+        ax.bar(names, [d[idx] for d in data], color=colors)
+        ax.set_title(title)
+        ax.tick_params(axis="x", labelrotation=30)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    plt.close(fig)
+    png = base64.b64encode(buf.getvalue()).decode()
+    return {"stress drill: benchmarks per node (red: failed)": f"![benchmarks](data:image/png;base64,{png})"}
