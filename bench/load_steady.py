@@ -5,8 +5,10 @@ embedded platform.
 plane and the node agents, per-user rate limits lifted) on a generated 16-node x 8-GPU simulated
 cluster (``lifecycle.start_platform``; 128 GPUs, so the 1-GPU ``sleep 1`` jobs run at once or queue
 briefly), then runs :func:`apiary.load.runner.run_load` with profile ``steady``: 50 simulated people
-(ML engineers and operators, Locust in a subprocess) and one simulated agent per node, for 90 s, judged
-by ``loadtests/gates/steady.yaml``. It returns the numbers ``bench/run.py`` writes to the ``load``
+(ML engineers and operators, Locust in a subprocess) for 90 s, judged by ``loadtests/gates/steady.yaml``.
+The node-agent background is the platform's own 16 agents, which heartbeat, long-poll, launch every
+job's task and report it; no simulated agents on top (they would double the heartbeats and turn each
+into a store write: loadtests/README.md). It returns the numbers ``bench/run.py`` writes to the ``load``
 section of ``bench/results.json``. Runs alone too: ``.venv/bin/python bench/load_steady.py [--quick]``
 (prints, writes nothing).
 """
@@ -93,9 +95,9 @@ def method(section: dict) -> str:
     return (
         f"Locust {section.get('users')} simulated people (ML engineers weight 9: submit a 1-GPU 'sleep 1' job "
         "with their own token, poll it, read its logs, list their jobs, 1-4 s apart; operators weight 1: node "
-        "list and cluster status with the admin token, 2-5 s apart) plus one simulated node agent per node (a "
-        "heartbeat with an empty run list every 2 s and the assignments long poll with wait=10, each node's own "
-        "agent token), profile 'steady' (all people spawned at users/10 per second, held for "
+        "list and cluster status with the admin token, 2-5 s apart), no simulated node agents (the background is "
+        "the platform's own agents: heartbeats, assignment long polls, every job's launch, run reports and log "
+        "upload), profile 'steady' (all people spawned at users/10 per second, held for "
         f"{section.get('duration_s')} s), Locust headless in a subprocess (FastHttpUser) against an embedded "
         f"platform without Prefect on a generated {section.get('nodes')}-node x {section.get('gpus_per_node')}-GPU "
         "simulated cluster, per-user rate limits lifted, on the same machine. requests_per_s, failures, "

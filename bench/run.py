@@ -450,7 +450,7 @@ def run_load(which: set[str], quick: bool, errors: list[str]) -> dict:
         d = load_steady.measure_steady(users, duration)
         section.update(d)
         print(
-            f"load steady: {d['users']} people + {d['agents']} node agents for {d['duration_s']:g} s: "
+            f"load steady: {d['users']} people ({d['agents']} simulated node agents) for {d['duration_s']:g} s: "
             f"{d['requests']} requests at {d['requests_per_s']}/s, {d['failures']} failed; submissions "
             f"{d['submit_per_s']}/s p95={d['submit_p95_ms']} ms p99={d['submit_p99_ms']} ms; jobs "
             f"{d['listed']}/{d['accepted']} accepted listed ({d['lost']} lost); gates "

@@ -23,8 +23,9 @@ Users and weights (Locust spawns the weighted classes in this ratio; the fixed o
   pause of 1-4 s between tasks.
 * :class:`Operator`, weight 1: the node list and the cluster status (1:1), with the admin token,
   a pause of 2-5 s between them.
-* :class:`NodeAgentReports` and :class:`NodeAgentWatch`, one of each per node (``fixed_count``):
-  the node agents' background, with each node's own agent token, shaped like
+* :class:`NodeAgentReports` and :class:`NodeAgentWatch`, one of each per node (``fixed_count``),
+  only when the run asks for them (``apiary load run --agents``; otherwise ``agents`` is empty):
+  node agents' traffic on top of the real agents', with each node's own agent token, shaped like
   ``apiary.runtime.agent.NodeAgent``: a heartbeat every 2 s (``POST /api/v2/nodes/{node}/status``)
   and the long poll of ``GET /api/v2/nodes/{node}/assignments`` (``generation``, ``wait=10``).
   They never interfere with the platform's real agents: a heartbeat carries an empty run list (no
@@ -258,7 +259,7 @@ class NodeAgentWatch(_Authed):
     tasks = [watch]
 
 
-if not CONFIG.get("agents"):  # agents turned off (apiary load run --no-agents): not Locust users at all
+if not CONFIG.get("agents"):  # no simulated agents (the default): not Locust users at all
     NodeAgentReports.abstract = True
     NodeAgentWatch.abstract = True
 if not CONFIG.get("operators"):  # no admin token given: no operators

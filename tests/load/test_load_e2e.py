@@ -46,7 +46,8 @@ def load_run(url: str, token: str, *args: str, timeout: float = 200) -> subproce
 def test_smoke_profile_passes_its_gates(platform: tuple[str, str], tmp_path: Path) -> None:
     url, token = platform
     out = tmp_path / "smoke"
-    proc = load_run(url, token, "--profile", "smoke", "--users", "4", "--duration", "30", "--out", str(out))
+    proc = load_run(url, token, "--profile", "smoke", "--users", "4", "--duration", "30", "--agents", "--out",
+                    str(out))
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
     assert "Load gates: smoke, 4 people, 2 node agents, 30 s: PASS" in proc.stdout
     for endpoint in ("POST /api/v2/jobs", "GET /api/v2/jobs/[id]", "POST /api/v2/nodes/[node]/status", "jobs"):
@@ -65,7 +66,7 @@ def test_an_impossible_gate_fails_the_run(platform: tuple[str, str], tmp_path: P
     gates.write_text(yaml.safe_dump({"endpoints": {"POST /api/v2/jobs": {"max_p99_ms": 0.001}},
                                      "jobs": {"max_lost": 0}}))
     proc = load_run(url, token, "--profile", "smoke", "--users", "2", "--duration", "10", "--gates", str(gates),
-                    "--out", str(tmp_path / "out"), "--no-plots", "--no-agents")
+                    "--out", str(tmp_path / "out"), "--no-plots")
     assert proc.returncode == 1, proc.stdout[-5000:] + proc.stderr[-3000:]
     assert "FAIL" in proc.stdout and "<= 0.001" in proc.stdout
     assert "1 gate(s) failed" in proc.stdout

@@ -1,7 +1,7 @@
 """``apiary load``: load tests of a running platform (Locust, in a subprocess) judged by gate files.
 
 * ``apiary load run [--profile smoke|ramp|steady|spike] [--target URL] [--token TOKEN] [--gates FILE]
-  [--users N] [--duration S] [--out DIR] [--no-agents] [--no-plots] [--json]``: prepares users and
+  [--users N] [--duration S] [--out DIR] [--agents] [--no-plots] [--json]``: prepares users and
   tokens on the target with the admin token, runs the profile (``loadtests/<profile>.py``), prints
   the gate table (measured vs threshold per endpoint, PASS/FAIL) and exits 0 only if every gate
   passed (1 otherwise, or on an error). See loadtests/README.md.
@@ -32,7 +32,7 @@ def gate_table(result) -> Table:
                   title=f"Load gates: {result.profile}, {result.users} people, {result.agents} node agents, "
                         f"{result.duration_s:g} s: {verdict}")
     for r in result.rows:
-        measured = "-" if r.measured is None else f"{r.measured:.4g}"
+        measured = "-" if r.measured is None else f"{r.measured:,.0f}" if r.measured >= 1000 else f"{r.measured:.4g}"
         # Text, not markup: request names hold brackets ("/api/v2/jobs/[id]")
         table.add_row(Text(r.endpoint), r.metric, measured, Text(r.threshold),
                       "[green]PASS[/green]" if r.passed else "[red]FAIL[/red]", Text(r.note))
@@ -86,7 +86,9 @@ def run_cmd(
     duration: float | None = typer.Option(None, "--duration", min=1, help="Seconds (default: the profile's)."),
     out: Path | None = typer.Option(None, "--out", file_okay=False,
                                     help="Output folder (default APIARY_HOME/load/<profile>-<UTC time>)."),
-    agents: bool = typer.Option(True, "--agents/--no-agents", help="Simulate one node agent per ready node."),
+    agents: bool = typer.Option(False, "--agents/--no-agents",
+                                help="Also simulate one node agent per ready node (duplicate heartbeats and long "
+                                     "polls on top of the real agents; see loadtests/README.md)."),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Render latency.png and throughput.png."),
     vc: str | None = typer.Option(None, "--vc", help="Virtual cluster to submit to (default: the largest)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON instead of the table."),

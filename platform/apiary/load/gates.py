@@ -295,7 +295,7 @@ def _endpoint_rows(key: str, gate: EndpointGate, s: EndpointStats | None) -> lis
         return [GateRow(key, "requests", 0.0, f">= {need}", need <= 0, "no request of this endpoint in the run")]
     for gate_field, metric, attr, is_max in _CHECKS:
         limit = getattr(gate, gate_field)
-        if limit is None:
+        if limit is None or (gate_field == "min_requests" and limit == 0):  # optional and present: nothing to say
             continue
         value = getattr(s, attr)
         if value is None:

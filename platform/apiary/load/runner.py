@@ -3,8 +3,9 @@
 :func:`run_load` is the whole thing (``apiary load run`` and the chaos drills call it):
 
 1. **Prepare** the target with the admin token: one user per simulated engineer (``load-eng-NNN``,
-   group ``default``: every VC; created once, kept), a personal token for each, an agent token for
-   every node whose real agent reports (``ready``), and the JSON tokens file the locustfiles read
+   group ``default``: every VC; created once, kept), a personal token for each, with ``agents`` an
+   agent token for every node whose real agent reports (``ready``), and the JSON tokens file the
+   locustfiles read
    (``loadtests/apiary_users.py`` documents it). Tokens expire an hour after the run at the latest
    and are revoked at the end in any case.
 2. **Run** Locust as a subprocess (it monkey-patches the standard library with gevent: never
@@ -145,7 +146,7 @@ def pick_virtual_cluster(status: dict) -> str:
     return max(sorted(vcs), key=lambda n: (vcs[n].get("quota", 0), n == "default"))
 
 
-def prepare(admin: ApiaryClient, admin_token: str, out_dir: Path, *, people: int, agents: bool = True,
+def prepare(admin: ApiaryClient, admin_token: str, out_dir: Path, *, people: int, agents: bool = False,
             virtual_cluster: str | None = None, expires_in_s: float = 3600.0, job: dict | None = None) -> Prepared:
     """Create the run's users and tokens on the target (see the module doc) and write the tokens
     file into ``out_dir`` (mode 0600). ``job``: the job's ``gpus``, ``command``, ``image``,
@@ -255,7 +256,7 @@ def run_load(
     users: int | None = None,
     duration_s: float | None = None,
     out_dir: Path | str | None = None,
-    agents: bool = True,
+    agents: bool = False,
     plots: bool = True,
     virtual_cluster: str | None = None,
     job: dict | None = None,
@@ -264,8 +265,11 @@ def run_load(
     """Run ``profile`` (smoke, ramp, steady, spike: :data:`apiary.load.profiles.PROFILES`) against the
     platform at ``target`` with the admin ``token``, judge it by ``gates`` (default
     ``loadtests/gates/<profile>.yaml``), and return the result; ``users`` (people at the peak) and
-    ``duration_s`` override the profile's. ``agents=False`` leaves the simulated node agents out
-    (a chaos drill that kills real agents should: a load agent's heartbeat keeps a node alive).
+    ``duration_s`` override the profile's. ``agents=True`` adds one simulated node agent per ready
+    node on top of the real ones (heartbeats with an empty run list, assignment long polls): off by
+    default, because each simulated heartbeat changes the node's recorded reporter and costs a store
+    write, a heavier background than the real agents' (loadtests/README.md has the numbers), and
+    because it keeps a node alive whose real agent a chaos drill killed.
     ``out_dir`` (default a new temporary folder) receives Locust's output and the plots.
 
     Raises ValueError for an unknown profile, ValidationError for a bad gate file or VC,
