@@ -43,7 +43,7 @@ class FakeApi:
     to its benchmark output; ``refuse_cordon`` makes cordons 403 (a service token)."""
 
     def __init__(self, plan: Plan, *, vcs: tuple[str, ...] = ("default", "vc1"), nodes: list[dict] | None = None,
-                 logs: dict[str, str] | None = None, refuse_cordon: bool = False) -> None:
+                 logs: dict[str, str | list[str]] | None = None, refuse_cordon: bool = False) -> None:
         self.plan = plan
         self.vcs = vcs
         self._nodes = [dict(n) for n in nodes or []]  # cordons change the copies only
@@ -99,8 +99,12 @@ class FakeApi:
         return {"name": node}
 
     def logs(self, job_id: str, task_role: str | None = None, **_: Any) -> str:
+        """The node's benchmark output; a list gives one output per job run there (the last repeats)."""
         node = self.get(job_id)["tasks"][0]["node"]
-        return self._logs.get(node, "")
+        out = self._logs.get(node, "")
+        if isinstance(out, list):
+            return out.pop(0) if len(out) > 1 else out[0]
+        return out
 
     def report(self, report: dict) -> dict:
         self.reports.append(report)

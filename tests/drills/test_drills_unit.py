@@ -120,11 +120,25 @@ def test_only_the_slow_node_is_flagged_cordoned_and_reported() -> None:
     (rep,) = api.reports
     assert {(f["node"], f["rule"]) for f in rep["nodeFailures"]} == {
         ("dan", "matmul-below-baseline"), ("dan", "memory-bandwidth-below-baseline")}
-    # One whole-node, opportunistic job per schedulable node, of that node's SKU.
+    # One whole-node, opportunistic job per schedulable node, of that node's SKU; dan failed, so a
+    # confirmation wave over its group (the simulated nodes) ran, and dan failed it too.
     hived = [s["extras"]["hivedScheduler"] for s in api.submitted]
-    assert [h["taskRoles"]["bench"]["skuType"] for h in hived] == ["GPU-C", "GPU-D"]
+    assert [h["taskRoles"]["bench"]["skuType"] for h in hived] == ["GPU-C", "GPU-D", "GPU-C", "GPU-D"]
     assert all(h["jobPriorityClass"] == "oppo" for h in hived)
+    assert [s["name"].endswith("-confirm-0") for s in api.submitted] == [False, False, True, False]
     assert outcome.plots  # a bar chart per benchmark
+
+
+def test_a_node_slow_once_but_not_on_confirmation_passes() -> None:
+    logs = {"carol": bench_line(40), "dan": [bench_line(4), bench_line(39)]}  # disturbed once, then fine
+    api, clock = FakeApi(placed(SKU_NODE), nodes=NODES[:2], logs=logs), Clock()
+    outcome = run_stress(api, load_rules(), image=IMAGE, clock=clock, sleep=clock.sleep)
+    assert outcome.result == "passed" and api.cordons == [] and api.reports[0]["nodeFailures"] == []
+    assert {r["node"]: r["verdict"] for r in outcome.rows} == {"carol": "passed", "dan": "passed on confirmation"}
+    rep = stress(FakeApi(placed(SKU_NODE), nodes=NODES[:2], logs={"carol": bench_line(40),
+                                                                  "dan": [bench_line(4), bench_line(39)]}),
+                 load_rules(), image=IMAGE, confirm=False, clock=clock, sleep=clock.sleep)
+    assert rep.failed_nodes == ["dan"]
 
 
 def test_no_cordon_when_asked_or_refused() -> None:
@@ -235,3 +249,47 @@ def test_work_that_raises_is_an_error_not_an_abort() -> None:
 
     g = guarded(work, FakeApi(quick, nodes=[]), GuardConfig(interval_s=3600), image=IMAGE, prober=prober(True))
     assert not g.aborted and g.error == "RuntimeError: chaostoolkit crashed"
+
+
+# ------------------------------------------------------------------------ the chaos and load drills
+
+def test_the_chaos_drill_stops_at_the_first_aborted_experiment(monkeypatch, tmp_path) -> None:
+    from apiary.drills import adapters
+    from apiary.drills.live import run_chaos_drill
+
+    ran = []
+
+    def experiment(path, *, abort, **kw):
+        ran.append(path.stem)
+        if path.stem == "b":
+            assert abort.wait(30), "the guard never aborted"  # the runner's child would get SIGTERM now
+            return adapters.ExperimentResult(path.stem, False, ["interrupted"])
+        return adapters.ExperimentResult(path.stem, True)
+
+    monkeypatch.setattr(adapters, "run_chaos_experiment", experiment)
+    rounds = iter([True, True, True, False])  # a: before; b: before, then failing during it
+    api = FakeApi(quick, nodes=[])
+    outcome = run_chaos_drill(api, [tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"], home=tmp_path,
+                              journal_dir=tmp_path, timeout_s=60, image=IMAGE,
+                              guard=GuardConfig(max_probe_failures=0, interval_s=0.01),
+                              prober=lambda: [ProbeResult("vc1", next(rounds, False))])
+    assert ran == ["a", "b"] and outcome.result == "aborted"
+    assert [(r["experiment"], r["passed"], r["aborted"]) for r in outcome.rows] == [("a", True, False),
+                                                                                   ("b", False, True)]
+    assert "inspection probe failed 1 times (error budget 0)" in outcome.rows[1]["reasons"]
+    assert api.reports[0]["drill"] == "chaos-drill" and api.reports[0]["result"] == "aborted"
+
+
+def test_the_load_drill_reports_the_runners_verdict(monkeypatch, tmp_path) -> None:
+    from apiary.drills import adapters
+    from apiary.drills.live import run_load_drill
+
+    monkeypatch.setattr(adapters, "run_load", lambda **kw: adapters.LoadResult(
+        True, {"requests": 50, "p99Ms": 40.0}, report="# Load test `smoke`: PASS"))
+    api = FakeApi(quick, nodes=[])
+    outcome = run_load_drill(api, profile="smoke", duration_s=10, out_dir=tmp_path, image=IMAGE,
+                             guard=GuardConfig(interval_s=3600), prober=lambda: [ProbeResult("vc1", True)])
+    assert outcome.result == "passed" and outcome.summary == "load profile smoke (10 s): passed"
+    assert {"metric": "p99Ms", "value": 40.0} in outcome.rows
+    assert list(outcome.plots.values()) == ["# Load test `smoke`: PASS"]
+    assert api.reports[0]["result"] == "passed"

@@ -87,6 +87,8 @@ class NodeVerdict:
     failures: tuple[RuleFailure, ...] = ()
     #: (rule, metric) pairs skipped for want of a baseline (too few peers, none configured).
     skipped: tuple[tuple[str, str], ...] = ()
+    #: It failed a first run and passed its confirmation run (the stress drill's ``confirm``).
+    confirmed_ok: bool = False
 
     @property
     def passed(self) -> bool:

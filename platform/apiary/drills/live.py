@@ -4,8 +4,11 @@
   after another (apiary.chaos.runner), each under its own :func:`apiary.drills.guard.guarded`:
   a broken steady state aborts it, rolls back and skips the rest. Experiments tagged
   ``disrupts-guaranteed-jobs`` run only with ``allow_disruptive`` (and the guard then lets
-  guaranteed jobs be disturbed: the experiment says so).
-* ``load-drill``: one load profile (apiary.load.runner; ``smoke`` by default) under the guard.
+  guaranteed jobs be disturbed: the experiment says so); those tagged ``root`` (their own network
+  namespace or tmpfs) only when named.
+* ``load-drill``: one load profile (apiary.load.runner; ``smoke`` by default) under the guard,
+  its engineers' jobs opportunistic. The runner's simulated node agents report for the real
+  nodes (an empty run list; they never interfere with real runs: loadtests/README.md).
 
 Passed: every experiment held its hypothesis / the load run met its gates, and the guard never
 tripped. Aborted: the guard tripped. Failed: otherwise (a runner error included).
@@ -21,13 +24,15 @@ from typing import Any
 
 from apiary.drills import adapters
 from apiary.drills.common import DrillApi, DrillOutcome, Result, record
-from apiary.drills.guard import GuardConfig, guarded
+from apiary.drills.guard import GuardConfig, Prober, guarded
 
 logger = logging.getLogger(__name__)
 
 
 def run_chaos_drill(api: DrillApi, experiments: list[Path], *, home: Path, journal_dir: Path, timeout_s: float,
-                    guard: GuardConfig, image: str, report: bool = True) -> DrillOutcome:
+                    guard: GuardConfig, image: str, report: bool = True, prober: Prober | None = None) -> DrillOutcome:
+    """Each experiment under its own guard (``prober``: the guard's steady-state check, default the
+    inspection probe); an aborted one ends the drill."""
     started = time.time()
     rows: list[dict[str, Any]] = []
     reasons: list[str] = []
@@ -41,7 +46,7 @@ def run_chaos_drill(api: DrillApi, experiments: list[Path], *, home: Path, journ
                                                  journal_dir=journal_dir, timeout_s=timeout_s, abort=abort)
 
         t0 = time.time()
-        g = guarded(work, api, cfg, image=image)
+        g = guarded(work, api, cfg, image=image, prober=prober)
         res = g.result
         row = {"experiment": path.stem, "passed": bool(res and res.passed and not g.aborted and not g.error),
                "aborted": g.aborted, "durationS": round(time.time() - t0, 1),
@@ -68,15 +73,16 @@ def run_chaos_drill(api: DrillApi, experiments: list[Path], *, home: Path, journ
     return outcome
 
 
-def run_load_drill(api: DrillApi, *, profile: str, duration_s: float | None, home: Path, out_dir: Path,
-                   guard: GuardConfig, image: str, report: bool = True) -> DrillOutcome:
+def run_load_drill(api: DrillApi, *, profile: str, duration_s: float | None, out_dir: Path,
+                   guard: GuardConfig, image: str, report: bool = True, prober: Prober | None = None) -> DrillOutcome:
+    """The load profile under the guard (``prober`` as for :func:`run_chaos_drill`)."""
     started = time.time()
 
     def work(abort: threading.Event) -> adapters.LoadResult:
-        return adapters.run_load(api_url=api.api_url, token=api.token, home=home, profile=profile,
-                                 duration_s=duration_s, out_dir=out_dir, abort=abort)
+        return adapters.run_load(api_url=api.api_url, token=api.token, profile=profile, duration_s=duration_s,
+                                 out_dir=out_dir, abort=abort)
 
-    g = guarded(work, api, guard, image=image)
+    g = guarded(work, api, guard, image=image, prober=prober)
     res = g.result
     result: Result = "aborted" if g.aborted else ("passed" if res and res.passed and not g.error else "failed")
     reasons = (res.reasons if res else []) + g.reasons + ([g.error] if g.error else [])
@@ -84,12 +90,15 @@ def run_load_drill(api: DrillApi, *, profile: str, duration_s: float | None, hom
     rows.append({"metric": "result", "value": result})
     if g.rolled_back:
         rows.append({"metric": "rolledBack", "value": "; ".join(g.rolled_back)})
-    summary = f"load profile {profile} ({duration_s if duration_s is not None else 'default'} s): {result}"
+    length = f"{duration_s:g} s" if duration_s is not None else "its default length"
+    summary = f"load profile {profile} ({length}): {result}"
     if reasons:
         summary += "; " + "; ".join(reasons)
     outcome = DrillOutcome(drill="load-drill", result=result, summary=summary, started_at=started,
                            finished_at=time.time(), rows=rows,
-                           details={"report": res.report if res else None, "guardRounds": g.rounds})
+                           details={"outDir": res.out_dir if res else None, "guardRounds": g.rounds})
+    if res is not None and res.report:
+        outcome.plots[f"load {profile}: gates, latency and throughput"] = res.report
     if report:
         record(api, outcome)
     return outcome

@@ -77,18 +77,19 @@ def chaos_drill(api_url: str | None = None, *, experiments: list[str] | None = N
                 timeout_s: float = 300.0, allow_disruptive: bool = False) -> DrillOutcome:
     """Run the experiments of ``chaos_dir`` (default the repository's ``chaos/``) tagged for drills,
     or those named in ``experiments``, each under the guard."""
-    from apiary.drills.adapters import chaos_experiments
+    from apiary.drills.adapters import SKIP_TAGS, chaos_experiments
     from apiary.drills.live import run_chaos_drill
     from apiary.settings import Settings
 
     def body(api: DrillApi, s: DrillSettings) -> DrillOutcome:
         home = Settings().home_dir
+        journals = home / "drills" / "chaos" / time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         picked = chaos_experiments(Path(chaos_dir) if chaos_dir else CHAOS_DIR, names=experiments,
-                                   allow_disruptive=allow_disruptive)
+                                   allow_disruptive=allow_disruptive, skip_tags=SKIP_TAGS)
         guard = _guard(s)
         guard.allow_disruption = allow_disruptive
-        return run_chaos_drill(api, picked, home=home, journal_dir=home / "drills" / "chaos", timeout_s=timeout_s,
-                               guard=guard, image=s.image)
+        return run_chaos_drill(api, picked, home=home, journal_dir=journals, timeout_s=timeout_s, guard=guard,
+                               image=s.image)
 
     return _safely("chaos-drill", api_url, body)
 
@@ -99,9 +100,9 @@ def load_drill(api_url: str | None = None, *, profile: str = "smoke", duration_s
     from apiary.settings import Settings
 
     def body(api: DrillApi, s: DrillSettings) -> DrillOutcome:
-        home = Settings().home_dir
-        return run_load_drill(api, profile=profile, duration_s=duration_s, home=home,
-                              out_dir=home / "drills" / "load", guard=_guard(s), image=s.image)
+        out = Settings().home_dir / "drills" / "load" / time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        return run_load_drill(api, profile=profile, duration_s=duration_s, out_dir=out, guard=_guard(s),
+                              image=s.image)
 
     return _safely("load-drill", api_url, body)
 

@@ -11,7 +11,9 @@
    directory like Lab 6's jobs): matmul throughput and memory bandwidth with NumPy, NVML readings
    when there is a driver; it prints one JSON line, read back from the job's log.
 3. **Diagnosis** (:mod:`apiary.drills.diagnosis`, rules in ``rules.yaml``): per-node verdicts from
-   variance against a per-SKU baseline, value thresholds and failure checks.
+   variance against a per-SKU baseline, value thresholds and failure checks. A node that fails is
+   tested again (a second wave over its group) and fails only when it fails twice: a benchmark
+   disturbed once by other work on its machine is not a broken node.
 4. **Action**: each failed node is reported (``apiary_drill_node_failed{node,rule}``, alert
    ``ApiaryDrillNodeFailed``) and cordoned unless ``cordon=False`` (``APIARY_DRILL_STRESS_CORDON``).
    Un-cordoning after a repair is the operator's: ``apiary node uncordon <node>``.
@@ -27,7 +29,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from apiary.drills.common import DrillApi, DrillOutcome, drill_job, record, unique_suffix
@@ -94,19 +96,98 @@ def _result_of(run: NodeRun) -> NodeResult:
     return NodeResult(node, run.sku, run.simulated, ok=True, metrics=metrics)
 
 
+class _Wave:
+    """One round of benchmark jobs (one per target node) and what came of them."""
+
+    def __init__(self, api: DrillApi, *, image: str, command: str, poll_s: float,
+                 clock: Callable[[], float], sleep: Callable[[float], None]) -> None:
+        self.api, self.image, self.command, self.poll_s = api, image, command, poll_s
+        self.clock, self.sleep = clock, sleep
+
+    def run(self, targets: list[dict], name: str, deadline: float) -> tuple[list[NodeRun], list[NodeResult],
+                                                                          dict[str, str]]:
+        """Submit one job per target, follow them until final or ``deadline`` (then stop them);
+        returns (runs, one result per node that ran one, untested node -> why)."""
+        api = self.api
+        vc_of_any = next(iter(sorted(api.cluster_status().get("virtualClusters", {}))), "default")
+        runs: list[NodeRun] = []
+        for i, n in enumerate(targets):
+            run = NodeRun(n["name"], n["skuType"], bool(n.get("simulatedGpus")))
+            text = drill_job(f"{name}-{i}", vc_of_any, image=self.image, commands=[self.command],
+                             gpu=int(n["gpus"]), sku=n["skuType"], role="bench")
+            try:
+                run.job_id = api.submit_job(text)["id"]
+                run.state = "WAITING"
+            except ApiaryError as e:
+                run.error = f"submission refused: {e.message}"
+            runs.append(run)
+        while True:
+            for r in [r for r in runs if r.job_id and r.state not in FINAL]:
+                self._poll(r)
+            if not [r for r in runs if r.job_id and r.state not in FINAL]:
+                break
+            if self.clock() >= deadline:
+                for r in runs:
+                    if r.job_id and r.state not in FINAL:
+                        try:
+                            api.stop(r.job_id)
+                        except ApiaryError as e:
+                            logger.warning("stress job=%s not stopped: %s", r.job_id, e.message)
+                        r.error = f"not finished in time ({r.state})"
+                        r.state = "untested"
+                break
+            self.sleep(self.poll_s)
+        results: list[NodeResult] = []
+        untested: dict[str, str] = {}
+        seen: set[str] = set()
+        for r in runs:
+            if r.state == "untested" or (r.state == "STOPPED" and r.bench is None) or r.job_id is None:
+                untested.setdefault(r.ran_on or r.node, r.error or "not run")
+                continue
+            res = _result_of(r)
+            if res.node in seen:  # a second job on a node tested already (module doc): the first counts
+                continue
+            seen.add(res.node)
+            results.append(res)
+        for n in targets:
+            if n["name"] not in seen:
+                untested.setdefault(n["name"], "no benchmark job ran there (busy, or another node took its job)")
+        return runs, results, {n: why for n, why in untested.items() if n not in seen}
+
+    def _poll(self, r: NodeRun) -> None:
+        try:
+            job = self.api.get(r.job_id or "")
+        except ApiaryError as e:
+            logger.warning("stress job=%s unreadable: %s", r.job_id, e.message)
+            return
+        r.state = job["state"]
+        r.ran_on = next((t["node"] for t in job.get("tasks") or [] if t.get("node")), r.ran_on)
+        if r.state in FINAL:
+            try:
+                r.bench = parse_bench_output(self.api.logs(r.job_id or "", task_role="bench"))
+            except ApiaryError as e:
+                r.error = f"log unreadable: {e.message}"
+            if r.state != "SUCCEEDED":
+                r.error = r.error or f"job {r.state} (exit code {job.get('exitCode')})"
+
+
 def stress(api: DrillApi, rules: Rules, *, image: str, timeout_s: float = 900.0, cordon: bool = True,
            nodes: list[str] | None = None, command: str = BENCH_COMMAND, poll_s: float = 1.0,
-           max_cordon_fraction: float = 0.5,
+           max_cordon_fraction: float = 0.5, confirm: bool = True,
            clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> StressReport:
     """Run the benchmark on every schedulable node with GPUs (or ``nodes``), diagnose, cordon the
     failed nodes when ``cordon`` (none when more than ``max_cordon_fraction`` of the tested nodes
     failed: see the code). Jobs still unfinished after ``timeout_s`` are stopped (their nodes
-    untested). Raises an :mod:`apiary.errors` error only when the node list cannot be read."""
+    untested). Raises an :mod:`apiary.errors` error only when the node list cannot be read.
+
+    ``confirm``: a node that fails is tested again before it counts, in a second wave of the jobs
+    of its group (its SKU's nodes, or every simulated node: the jobs cannot name a node, and a wave
+    of whole-node jobs covers the group); it fails only when it fails both. A benchmark disturbed
+    once by other work on the machine (simulated nodes share one) is not a broken node."""
     report = StressReport()
-    listed = api.nodes()
     wanted = set(nodes) if nodes else None
     targets: list[dict] = []
-    for n in listed:
+    for n in api.nodes():
         if wanted is not None and n["name"] not in wanted:
             continue
         if not n.get("schedulable"):
@@ -115,67 +196,25 @@ def stress(api: DrillApi, rules: Rules, *, image: str, timeout_s: float = 900.0,
             report.untested[n["name"]] = "no GPUs"
         else:
             targets.append(n)
-    suffix = unique_suffix()
-    vc_of_any = next(iter(sorted(api.cluster_status().get("virtualClusters", {}))), "default")
-    runs: list[NodeRun] = []
-    for i, n in enumerate(targets):
-        run = NodeRun(n["name"], n["skuType"], bool(n.get("simulatedGpus")))
-        text = drill_job(f"{STRESS_PREFIX}-{suffix}-{i}", vc_of_any, image=image, commands=[command],
-                         gpu=int(n["gpus"]), sku=n["skuType"], role="bench")
-        try:
-            run.job_id = api.submit_job(text)["id"]
-            run.state = "WAITING"
-        except ApiaryError as e:
-            run.error = f"submission refused: {e.message}"
-        runs.append(run)
     deadline = clock() + timeout_s
-    while True:
-        open_runs = [r for r in runs if r.job_id and r.state not in FINAL]
-        for r in open_runs:
-            try:
-                job = api.get(r.job_id or "")
-            except ApiaryError as e:
-                logger.warning("stress job=%s unreadable: %s", r.job_id, e.message)
-                continue
-            r.state = job["state"]
-            r.ran_on = next((t["node"] for t in job.get("tasks") or [] if t.get("node")), r.ran_on)
-            if r.state in FINAL:
-                try:
-                    r.bench = parse_bench_output(api.logs(r.job_id or "", task_role="bench"))
-                except ApiaryError as e:
-                    r.error = f"log unreadable: {e.message}"
-                if r.state != "SUCCEEDED":
-                    r.error = r.error or f"job {r.state} (exit code {job.get('exitCode')})"
-        if not [r for r in runs if r.job_id and r.state not in FINAL]:
-            break
-        if clock() >= deadline:
-            for r in runs:
-                if r.job_id and r.state not in FINAL:
-                    try:
-                        api.stop(r.job_id)
-                    except ApiaryError as e:
-                        logger.warning("stress job=%s not stopped: %s", r.job_id, e.message)
-                    r.error = f"not finished within {timeout_s:g} s ({r.state})"
-                    r.state = "untested"
-            break
-        sleep(poll_s)
-    report.runs = runs
-    results: list[NodeResult] = []
-    seen: set[str] = set()
-    for r in runs:
-        if r.state == "untested" or (r.state == "STOPPED" and r.bench is None) or r.job_id is None:
-            report.untested.setdefault(r.ran_on or r.node, r.error or "not run")
-            continue
-        res = _result_of(r)
-        if res.node in seen:  # a second job on a node tested already (module doc): the first counts
-            continue
-        seen.add(res.node)
-        results.append(res)
-    for name in [n["name"] for n in targets]:
-        if name not in seen:
-            report.untested.setdefault(name, "no benchmark job ran there (busy, or another node took its job)")
-    report.untested = {n: why for n, why in report.untested.items() if n not in seen}
+    wave = _Wave(api, image=image, command=command, poll_s=poll_s, clock=clock, sleep=sleep)
+    name = f"{STRESS_PREFIX}-{unique_suffix()}"
+    report.runs, results, untested = wave.run(targets, name, deadline)
+    report.untested.update(untested)
     report.verdicts = diagnose(results, rules)
+    suspects = {v.node for v in report.verdicts if not v.passed}
+    if confirm and suspects:
+        groups = {r.group for r in results if r.node in suspects}
+        again = [n for n in targets if ("simulated" if n.get("simulatedGpus") else n["skuType"]) in groups]
+        logger.info("stress: confirming suspects=%s with a wave over %s", sorted(suspects), [n["name"] for n in again])
+        runs2, results2, _ = wave.run(again, f"{name}-confirm", deadline)
+        report.runs += runs2
+        second = {v.node: v for v in diagnose(results2, rules)}
+        report.verdicts = [
+            v if v.passed or v.node not in second or not second[v.node].passed else replace(v, failures=(),
+                                                                                          confirmed_ok=True)
+            for v in report.verdicts
+        ]
     failed = [v for v in report.verdicts if not v.passed]
     # A circuit breaker on the action: when most nodes fail at once, the drill itself (an image
     # without the benchmark, a bad baseline) is the likelier fault, and cordoning them all would
@@ -198,13 +237,16 @@ def stress(api: DrillApi, rules: Rules, *, image: str, timeout_s: float = 900.0,
 
 def rows(report: StressReport) -> list[dict[str, Any]]:
     """The table artifact: one row per node (tested or not)."""
-    by_node = {r.ran_on or r.node: r for r in report.runs}
+    by_node: dict[str, NodeRun] = {}
+    for r in report.runs:  # the first run of each node: the one the verdict's details are about
+        by_node.setdefault(r.ran_on or r.node, r)
     out: list[dict[str, Any]] = []
     for v in report.verdicts:
         run = by_node.get(v.node)
         metrics = (run.bench or {}).get("metrics", {}) if run else {}
         out.append({
-            "node": v.node, "sku": v.sku, "verdict": "passed" if v.passed else "FAILED",
+            "node": v.node, "sku": v.sku,
+            "verdict": "FAILED" if not v.passed else "passed on confirmation" if v.confirmed_ok else "passed",
             "matmulGflops": round(metrics["matmul_gflops"], 3) if "matmul_gflops" in metrics else None,
             "memBandwidthGbps": round(metrics["mem_bandwidth_gbps"], 3) if "mem_bandwidth_gbps" in metrics else None,
             "failedRules": ", ".join(sorted({f.rule for f in v.failures})),
