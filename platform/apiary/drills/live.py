@@ -7,8 +7,9 @@
   guaranteed jobs be disturbed: the experiment says so); those tagged ``root`` (their own network
   namespace or tmpfs) only when named.
 * ``load-drill``: one load profile (apiary.load.runner; ``smoke`` by default) under the guard,
-  its engineers' jobs opportunistic. The runner's simulated node agents report for the real
-  nodes (an empty run list; they never interfere with real runs: loadtests/README.md).
+  its engineers' jobs opportunistic, without simulated node agents (the runner's default: on a
+  live platform the real agents are the background, and a simulated heartbeat would hide a node
+  that died during the drill).
 
 Passed: every experiment held its hypothesis / the load run met its gates, and the guard never
 tripped. Aborted: the guard tripped. Failed: otherwise (a runner error included).
