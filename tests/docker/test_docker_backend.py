@@ -145,3 +145,17 @@ def test_run_id_is_validated(docker_client, state_dir, node):
     with pytest.raises(Exception, match="run_id"):
         b.launch(dataclasses.replace(launch("x", ["true"]), run_id="../escape"))
     assert b.status("../escape") is None and not Path(state_dir.parent / "escape").exists()
+
+
+def test_another_platforms_containers_on_the_same_node_name_are_not_adopted(docker_client, state_dir, node):
+    """Two platforms on one dockerd may both have a node called hostname-dan: a backend adopts
+    only the containers of its own cluster id."""
+    mine = DockerBackend(state_dir, node=node, client=docker_client, cluster="cluster-a")
+    run = "alice~j.a0.train.0.t12"
+    mine.launch(launch(run, ["sleep 30"]))
+    assert docker_client.containers.get(container_name(run)).labels["apiary.cluster"] == "cluster-a"
+    theirs = DockerBackend(state_dir.parent / "other", node=node, client=docker_client, cluster="cluster-b")
+    assert theirs.list() == []
+    lost_state = DockerBackend(state_dir.parent / "lost", node=node, client=docker_client, cluster="cluster-a")
+    assert [s.run_id for s in lost_state.list()] == [run]
+    mine.stop(run, grace_s=0)

@@ -389,7 +389,8 @@ def serve_node_metrics(node: str, registry: Any, host: str, port: int) -> Any:
 RUNTIMES = ("process", "docker", "kubernetes")
 
 
-def make_backend(runtime: str, state_dir: Path, node: str, image_map: dict[str, str] | None = None) -> Any:
+def make_backend(runtime: str, state_dir: Path, node: str, image_map: dict[str, str] | None = None,
+                 cluster: str | None = None) -> Any:
     """The :class:`~apiary.runtime.base.RuntimeBackend` named ``runtime`` for ``node``. Raises
     :class:`~apiary.errors.ValidationError` (field ``runtime``) for an unknown name and what the
     backend's constructor raises (:class:`~apiary.errors.UnavailableError`: dockerd is down)."""
@@ -400,7 +401,7 @@ def make_backend(runtime: str, state_dir: Path, node: str, image_map: dict[str, 
     if runtime == "docker":
         from apiary.runtime.docker import DockerBackend
 
-        return DockerBackend(state_dir, node=node, image_map=image_map)
+        return DockerBackend(state_dir, node=node, image_map=image_map, cluster=cluster)
     if runtime == "kubernetes":
         # Pods in APIARY_K8S_NAMESPACE (default apiary-jobs) of the cluster in APIARY_KUBECONFIG,
         # the pod's service account, or ~/.kube/config (apiary.runtime.kubernetes).
@@ -445,9 +446,12 @@ async def run_agents(
     stop = stop or asyncio.Event()
     limits = httpx.Limits(max_connections=4 * len(nodes) + 10, max_keepalive_connections=4 * len(nodes) + 10)
     async with httpx.AsyncClient(limits=limits) as client:
+        cluster = None
+        if runtime == "docker":  # containers are labelled with the platform they belong to
+            cluster = (await client.get(f"{api_url}/healthz", timeout=30)).json().get("clusterId")
         agents = [
             NodeAgent(
-                name, api_url, make_backend(runtime, state_dir / name, name, image_map), client,
+                name, api_url, make_backend(runtime, state_dir / name, name, image_map, cluster), client,
                 gpus=gpus, simulated_gpus=simulated_gpus, workdir=workdir, token=(tokens or {}).get(name),
             )
             for name, gpus in nodes.items()

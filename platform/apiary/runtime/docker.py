@@ -114,6 +114,9 @@ class DockerBackend(RuntimeBackend):
     ``client``: a ``docker.DockerClient`` (default: ``docker.from_env()``, i.e. ``DOCKER_HOST``
     or the local socket). ``image_map``: public image name -> registry name. ``gpu_runtime``:
     request the GPUs from the NVIDIA runtime (default: when dockerd lists a ``nvidia`` runtime).
+    ``cluster``: the platform's cluster id (label ``apiary.cluster``): with it, only this
+    platform's containers are re-adopted, so two platforms on one dockerd with the same node
+    names never take each other's containers.
 
     Raises :class:`UnavailableError` from the constructor when dockerd does not answer.
     """
@@ -128,12 +131,14 @@ class DockerBackend(RuntimeBackend):
         client: Any = None,
         image_map: dict[str, str] | None = None,
         gpu_runtime: bool | None = None,
+        cluster: str | None = None,
     ) -> None:
         import docker
 
         self.state_dir = Path(state_dir).absolute()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.node = node
+        self.cluster = cluster
         self.image_map = dict(image_map or {})
         try:
             self.client = client or docker.from_env(timeout=120)
@@ -226,6 +231,8 @@ class DockerBackend(RuntimeBackend):
             "apiary.vc": task.virtual_cluster, "apiary.task-role": task.task_role,
             "apiary.index": str(task.index), "apiary.node": self.node,
         }
+        if self.cluster:
+            labels["apiary.cluster"] = self.cluster
         args: dict[str, Any] = {
             "command": ["/bin/sh", "-c", script],
             "name": container_name(task.run_id),
@@ -305,7 +312,8 @@ class DockerBackend(RuntimeBackend):
                 self._forgotten = {p.parent.name for p in self.state_dir.glob("*/forgotten")}
             dirs = {p.name for p in self.state_dir.iterdir() if p.is_dir()} - self._forgotten
             try:
-                labelled = self.client.containers.list(all=True, filters={"label": f"apiary.node={self.node}"})
+                wanted = [f"apiary.node={self.node}"] + ([f"apiary.cluster={self.cluster}"] if self.cluster else [])
+                labelled = self.client.containers.list(all=True, filters={"label": wanted})
             except Exception as exc:  # docker.errors.DockerException, requests' connection errors
                 raise UnavailableError(f"dockerd does not answer: {exc}") from exc
             for c in labelled:
@@ -319,8 +327,11 @@ class DockerBackend(RuntimeBackend):
             return out
 
     def log_path(self, run_id: str, stream: LogStream) -> Path | None:
-        """``state_dir/<run_id>/<stream>.log``, written by the container itself."""
-        if stream not in ("stdout", "stderr") or self.status(run_id) is None:
+        """``state_dir/<run_id>/<stream>.log``, written by the container itself. Reads only the
+        state directory: the agent asks from its event loop, where a slow dockerd must not stall
+        every node of the process."""
+        if stream not in ("stdout", "stderr") or not isinstance(run_id, str) or not RUN_ID_RE.match(run_id) \
+                or run_id.startswith(".") or not (self.state_dir / run_id).is_dir():
             return None
         return self.state_dir / run_id / f"{stream}.log"
 
@@ -330,6 +341,8 @@ class DockerBackend(RuntimeBackend):
         """SIGTERM the container (through docker-init to the shell), SIGKILL after ``grace_s``,
         record the final status, remove the container. Idempotent; blocks at most ``grace_s``
         plus dockerd's answer time."""
+        import docker
+
         with self._lock:
             st = self.status(run_id)
             if st is None:
@@ -339,16 +352,17 @@ class DockerBackend(RuntimeBackend):
                 return
             if st.running:
                 _write_json(run_dir / "stop.json", {"requested_at": time.time()})
-            container = self._container(run_id)
-            if container is not None:
-                import docker
-
-                try:
-                    container.stop(timeout=max(0, int(round(grace_s))))
-                    container.reload()
-                except docker.errors.NotFound:
-                    container = None
-            self._finish(run_id, run_dir, container, stopped=st.running)
+        # The grace period is waited outside the lock: launches and other stops go on meanwhile.
+        container = self._container(run_id)
+        if container is not None:
+            try:
+                container.stop(timeout=max(0, int(round(grace_s))))
+                container.reload()
+            except docker.errors.NotFound:
+                container = None
+        with self._lock:
+            if not (run_dir / "exit.json").exists():
+                self._finish(run_id, run_dir, container, stopped=st.running)
 
     def _finish(self, run_id: str, run_dir: Path, container: Any, *, stopped: bool) -> None:
         """Write ``exit.json`` from the container's state, then remove the container."""
