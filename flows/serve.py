@@ -110,13 +110,18 @@ DRILL_SCHEDULES = (
 )
 
 
-def drill_deployments(api_url: str | None = None) -> list:
-    """The drills' deployments (:data:`DRILL_SCHEDULES`), one run at a time each."""
+def drill_deployments(api_url: str | None = None, active: bool | None = None) -> list:
+    """The drills' deployments (:data:`DRILL_SCHEDULES`), one run at a time each. Their schedules
+    are active only with ``active`` (default: ``APIARY_DRILL_SCHEDULES=1``, which ``apiary up``
+    sets): a platform started by a test or ``apiary demo`` keeps them paused, so no probe job
+    lands among the jobs it checks. Paused or not, each can be run by hand from the UI."""
     api_url = api_url or os.environ.get("APIARY_API_URL")
     url = {"api_url": api_url} if api_url else {}
+    if active is None:
+        active = os.environ.get("APIARY_DRILL_SCHEDULES") == "1"
     return [
         fl.to_deployment(name=name, cron=cron, description=text, parameters=url or None, tags=["apiary", "drill"],
-                         concurrency_limit=1)
+                         concurrency_limit=1, paused=not active)
         for fl, name, cron, text in DRILL_SCHEDULES
     ]
 

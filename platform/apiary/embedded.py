@@ -119,6 +119,9 @@ class Embedded:
     #: answer, a registry on loopback is supervised like the other children, and the image map
     #: is ``home/image-map.yaml``, copied from the shipped defaults on the first start).
     runtime: str = "process"
+    #: Run the drills on their schedules (inspection every 5 minutes, ...; flows/serve.py). Off by
+    #: default so tests and demos see only their own jobs; ``apiary up`` turns it on.
+    drill_schedules: bool = False
     registry: Registry | None = None
     dockerd: subprocess.Popen | None = None
 
@@ -298,7 +301,7 @@ class Embedded:
         else:
             api = self.prefect_api_url
         penv = {**base, **prefect_env(self.home / "prefect", api, self.prefect_auth_string),
-                "APIARY_API_URL": self.api_url}
+                "APIARY_API_URL": self.api_url, "APIARY_DRILL_SCHEDULES": "1" if self.drill_schedules else "0"}
         # The bridge and the flows call Apiary with the bridge's service token (the control plane
         # wrote it before its port opened), never with the admin's.
         penv["APIARY_TOKEN"] = read_token(self.home / "credentials" / "bridge.token") or ""

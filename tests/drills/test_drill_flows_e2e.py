@@ -38,7 +38,8 @@ RUNS = {
 def platform(tmp_path_factory):
     home = tmp_path_factory.mktemp("apiary")
     saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME", "DO_NOT_TRACK")}
-    p = Embedded(home=home, cluster=LAB6 / "hived-config-two-vcs.yaml", prefect=True, workdir=str(REPO_ROOT))
+    p = Embedded(home=home, cluster=LAB6 / "hived-config-two-vcs.yaml", prefect=True, workdir=str(REPO_ROOT),
+                 drill_schedules=True)
     p.start()
     p.start_supervisor(period_s=0.2)
     until(lambda: nodes_ready(Tenants(p.client()), 2), 60, "node agents")

@@ -154,3 +154,15 @@ def test_serve_builds_the_deployments_with_a_form_and_no_schedule():
     assert submit.parameters["api_url"] == fake.url and submit.parameters["task_roles"][0]["gpus"] == 1
     assert set(job._parameter_openapi_schema.model_dump()["properties"]) == {"job_id"}
     assert "api_url" not in props  # the platform fills it in; the form does not ask
+
+
+def test_drill_schedules_are_paused_unless_the_platform_asks_for_them(monkeypatch):
+    """A platform started by a test or the demo must not get probe jobs every 5 minutes; `apiary up`
+    sets APIARY_DRILL_SCHEDULES=1."""
+    serve = _serve_module()
+    monkeypatch.delenv("APIARY_DRILL_SCHEDULES", raising=False)
+    paused = serve.drill_deployments("http://127.0.0.1:1")
+    assert [d.name for d in paused] == ["inspection", "nightly", "weekly", "weekly"]
+    assert all(d.paused and d.schedules for d in paused)
+    monkeypatch.setenv("APIARY_DRILL_SCHEDULES", "1")
+    assert not any(d.paused for d in serve.drill_deployments("http://127.0.0.1:1"))

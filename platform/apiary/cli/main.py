@@ -114,7 +114,7 @@ def up(
     if cluster is None and not settings.cluster_path.exists():
         cluster = Path(__file__).resolve().parents[3] / "examples/lab6/hived-config-two-vcs.yaml"
     platform = Embedded(home=settings.home_dir, cluster=cluster, api_port=port, prefect=prefect, monitoring=monitoring,
-                        runtime=runtime)
+                        runtime=runtime, drill_schedules=True)
     stopping = {"flag": False}
 
     def _term(*_):
