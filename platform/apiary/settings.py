@@ -10,7 +10,7 @@ import os
 import uuid
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: The file in home that holds the platform's identity (see :func:`ensure_cluster_id`).
@@ -70,6 +70,16 @@ class Settings(BaseSettings):
     max_instances: int = Field(default=1000, description="Most task instances one job may have (all roles).")
     rate_calls: str = Field(default="600/minute", description="API calls per user (limits notation; OpenPAI's).")
     rate_submits: str = Field(default="3600/hour", description="Job submissions per user (limits notation).")
+    github_webhook_secret: SecretStr | None = Field(
+        default=None,
+        description="GitHub webhook secret (POST /api/v2/ci/webhooks/github); unset: the intake accepts nothing.",
+    )
+    ci_pr_deployment: str = Field(
+        default="platform-ci/pr", description="Prefect deployment (flow/deployment) a pull request starts."
+    )
+    ci_deploy_deployment: str = Field(
+        default="platform-deploy/main", description="Prefect deployment a push to the default branch starts."
+    )
 
     @property
     def home_dir(self) -> Path:

@@ -188,6 +188,10 @@ ROUTES = [
     row("POST", "/api/v2/drills/results", {"admin": 200, "bridge": 200},
         body=lambda who, w: {"json": {"drill": "inspection", "result": "passed", "startedAt": 1.0, "finishedAt": 2.0}}),
     row("GET", "/api/v2/drills", PEOPLE),
+    # GitHub's webhook takes no token: unsigned (and the intake unconfigured here), 401 for everyone.
+    row("POST", "/api/v2/ci/webhooks/github", {}, rest=401,
+        body=lambda who, w: {"json": {"zen": "x"}, "headers": {"X-GitHub-Event": "ping", "X-GitHub-Delivery": "d"}}),
+    row("GET", "/api/v2/ci/deliveries", {"admin": 200}),
 ]
 
 

@@ -5,8 +5,9 @@ server v2: ``POST /api/v2/jobs`` with a YAML or JSON body, ``GET /api/v2/jobs``,
 ``GET /api/v2/jobs/{user}~{name}``, ``PUT .../executionType`` with ``{"value": "STOP"}``, task
 logs, and ``/api/v2/events`` for the Prefect bridge), ``cluster`` (scheduler cycle, status,
 config), ``nodes``, ``alerts``, ``agents`` (``/api/v2/nodes/{node}/...`` for node agents),
-``identity`` (users, groups, tokens, ``/api/v2/me``) and ``drills`` (drill results, shown in
-``/metrics``). Every route but ``/healthz``, ``/metrics`` and the OpenAPI pages needs
+``identity`` (users, groups, tokens, ``/api/v2/me``), ``drills`` (drill results, shown in
+``/metrics``) and ``ci`` (GitHub's webhook, :mod:`apiary.ci`). Every route but ``/healthz``,
+``/metrics``, the OpenAPI pages and GitHub's webhook (signed with its secret instead) needs
 ``Authorization: Bearer <token>`` (:mod:`apiary.api.auth`). Bodies are capped (413) and users'
 calls rate-limited (429 with ``Retry-After``; :mod:`apiary.api.guards`). Bodies are the models
 of :mod:`apiary.api.schemas`. Errors answer ``{"code", "message"}`` (plus ``"field"`` for a
@@ -40,6 +41,8 @@ from apiary.api.guards import BodyLimitMiddleware, RateLimiter, error_headers
 from apiary.api.longpoll import NodeWaiters
 from apiary.api.schemas import ERROR_RESPONSES, Health, job_protocol_components
 from apiary.auth import Directory
+from apiary.ci.intake import WebhookIntake
+from apiary.ci.starter import PrefectStarter
 from apiary.control import ControlPlane
 from apiary.drills.board import DrillBoard
 from apiary.errors import ApiaryError, NotFoundError, PlatformError, UnauthorizedError, UserError, ValidationError
@@ -53,13 +56,16 @@ logger = logging.getLogger(__name__)
 def create_app(
     plane: ControlPlane, receiver: AlertReceiver | None = None, *, cluster_id: str | None = None,
     directory: Directory | None = None, settings: Settings | None = None, drills: DrillBoard | None = None,
+    ci: WebhookIntake | None = None,
 ) -> FastAPI:
     """The app over ``plane``; ``receiver`` handles Alertmanager's webhook (default: the
     packaged actions config, or ``APIARY_ALERT_ACTIONS``); ``cluster_id`` is the platform's identity
     that ``/healthz`` answers (:func:`apiary.settings.ensure_cluster_id`); ``directory`` verifies
     tokens (default: over the plane's store); ``settings`` gives the body cap, rate limits and
     whether ``/metrics`` is public (default: the environment's); ``drills`` records the drills'
-    results (default: in memory only; ``apiary up`` keeps them in ``home/drills.json``)."""
+    results (default: in memory only; ``apiary up`` keeps them in ``home/drills.json``); ``ci`` is the
+    GitHub webhook intake (default: over the plane's store, starting Prefect deployments, with
+    ``APIARY_GITHUB_WEBHOOK_SECRET``)."""
     settings = settings or Settings()
     if receiver is None:
         receiver = AlertReceiver(plane, ActionsConfig.load(settings.alert_actions))
@@ -80,6 +86,9 @@ def create_app(
     app.state.waiters = waiters
     app.state.directory = directory
     app.state.drills = drills = drills if drills is not None else DrillBoard()
+    app.state.ci = ci or WebhookIntake(
+        plane.sessions, PrefectStarter(settings.ci_pr_deployment, settings.ci_deploy_deployment),
+        settings.github_webhook_secret.get_secret_value() if settings.github_webhook_secret else None)
     app.state.limiter = RateLimiter(settings.rate_calls, settings.rate_submits)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
 

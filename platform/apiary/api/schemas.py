@@ -554,3 +554,38 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     "4XX": {"model": ErrorBody, "description": "Any other client error."},
     "5XX": {"model": ErrorBody, "description": "Any other server error."},
 }
+
+
+class CiWebhookAccepted(BaseModel):
+    """The CI intake's answer to a GitHub delivery (HTTP 202): ``kind`` ``pr``, ``deploy``, ``ping``
+    or ``ignored``; ``duplicate`` when the delivery id was already received (nothing new started);
+    ``reason`` why it starts nothing (ignored), ``pong`` for a ping, else empty."""
+
+    delivery: str
+    event: str
+    kind: str
+    accepted: bool
+    duplicate: bool
+    reason: str
+
+
+class CiDeliveryJson(BaseModel):
+    """One recorded GitHub delivery (``ci_deliveries``); ``receivedAt`` unix seconds; ``state``
+    ``accepted``, ``started``, ``pending`` or ``failed``."""
+
+    delivery: str
+    event: str
+    action: str | None
+    repo: str | None
+    prNumber: int | None
+    sha: str | None
+    ref: str | None
+    kind: str
+    state: str
+    flowRunId: str | None
+    reason: str
+    receivedAt: float
+
+
+class CiDeliveriesPage(BaseModel):
+    deliveries: list[CiDeliveryJson]

@@ -259,3 +259,28 @@ class Token(Base):
     created: Mapped[float] = mapped_column(Float)
     expires: Mapped[float | None] = mapped_column(Float, nullable=True)
     revoked: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class CiDelivery(Base):
+    """One GitHub webhook delivery the CI intake accepted (:mod:`apiary.ci`), keyed by GitHub's
+    delivery id (``X-GitHub-Delivery``) so a redelivery is recognised across restarts.
+
+    ``kind``: ``pr``, ``deploy``, ``ping`` or ``ignored``. ``state``: ``accepted`` (recorded, the
+    start not yet tried), ``started`` (``flow_run_id`` set), ``pending`` (nothing started yet:
+    ``reason`` says why, e.g. no such deployment) or ``failed`` (``reason``). Pings and ignored
+    deliveries stay ``accepted``. ``received_at`` is unix seconds."""
+
+    __tablename__ = "ci_deliveries"
+
+    delivery: Mapped[str] = mapped_column(String(64), primary_key=True)
+    event: Mapped[str] = mapped_column(String(64))
+    action: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    repo: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    pr_number: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    sha: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    ref: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16))
+    flow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    received_at: Mapped[float] = mapped_column(Float, index=True)

@@ -1,0 +1,143 @@
+"""The webhook intake: record a delivery in the store first, start its pipeline in the background.
+
+1. :meth:`WebhookIntake.accept` (on the request's path, fast): classify the delivery and insert its
+   ``ci_deliveries`` row. A delivery id already there is a duplicate: nothing new is recorded or
+   started. The row is committed before anything is started, so a crash after the answer loses
+   nothing (the row stays ``accepted``).
+2. :meth:`WebhookIntake.start_later` hands a pipeline request to one daemon thread, which calls the
+   :class:`~apiary.ci.starter.PipelineStarter` and records the outcome: ``started`` with the flow
+   run id, ``pending`` with the reason (no deployment yet; Prefect not reachable), or ``failed``.
+
+Not done yet: rows left ``accepted`` or ``pending`` by a restart or an absent deployment are not
+retried automatically (a later sweep can: the row holds everything the start needs).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from apiary.ci.starter import Pending, PipelineStarter, StartLater
+from apiary.ci.webhooks import Classified, Ping, PipelineRequest, classify
+from apiary.store.models import CiDelivery
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The intake's answer: the delivery, what it asks for, whether it was already recorded."""
+
+    delivery: str
+    event: str
+    kind: str
+    duplicate: bool
+    reason: str
+    request: PipelineRequest | None
+
+
+def _clip(value: object, limit: int) -> str | None:
+    """``value`` as storable text (no NUL: PostgreSQL text cannot hold one), at most ``limit`` characters."""
+    if value is None:
+        return None
+    return str(value).replace("\x00", "")[:limit]
+
+
+class WebhookIntake:
+    """Records GitHub deliveries in ``sessions``' store and starts their pipelines with ``starter``.
+
+    ``secret`` is the webhook secret (``APIARY_GITHUB_WEBHOOK_SECRET``); None or empty: the intake
+    is not configured and the route accepts nothing. ``clock`` gives unix seconds."""
+
+    def __init__(self, sessions: Callable[[], Session], starter: PipelineStarter, secret: str | None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.sessions = sessions
+        self.starter = starter
+        self.secret = secret.encode("utf-8") if secret else b""
+        self.clock = clock
+        self._queue: queue.Queue[tuple[str, PipelineRequest]] = queue.Queue()
+        self._worker: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.secret)
+
+    def accept(self, event: str, delivery: str, payload: dict[str, Any]) -> Accepted:
+        """Classify and record one delivery (commits); ``duplicate`` when ``delivery`` is already recorded."""
+        what: Classified = classify(event, payload)
+        request = what if isinstance(what, PipelineRequest) else None
+        reason = getattr(what, "reason", "") if not isinstance(what, Ping) else "pong"
+        row = CiDelivery(
+            delivery=delivery, event=event, action=_clip(payload.get("action"), 64), repo=_clip(what.repo, 200),
+            pr_number=request.pr_number if request else None, sha=_clip(request.sha, 64) if request else None,
+            ref=_clip(request.ref, 300) if request else None, kind=what.kind, state="accepted",
+            reason=_clip(reason, 2000) or "", received_at=self.clock(),
+        )
+        try:
+            with self.sessions() as session, session.begin():
+                session.add(row)
+        except IntegrityError:
+            with self.sessions() as session:
+                if session.get(CiDelivery, delivery) is None:
+                    raise  # not the primary key: a real failure
+            logger.info("ci delivery duplicate: delivery=%s event=%s", delivery, event)
+            return Accepted(delivery, event, what.kind, True, "already received", None)
+        logger.info("ci delivery accepted: delivery=%s event=%s kind=%s repo=%s", delivery, event, what.kind, what.repo)
+        return Accepted(delivery, event, what.kind, False, reason, request)
+
+    def start_later(self, delivery: str, request: PipelineRequest) -> None:
+        """Queue the start of ``request``'s pipeline; returns at once."""
+        with self._lock:
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._run, name="apiary-ci-starter", daemon=True)
+                self._worker.start()
+        self._queue.put((delivery, request))
+
+    def _run(self) -> None:
+        while True:
+            delivery, request = self._queue.get()
+            try:
+                self.start(delivery, request)
+            except Exception:  # the worker must outlive one bad start; start() records what it can
+                logger.exception("ci start failed unrecorded: delivery=%s", delivery)
+
+    def start(self, delivery: str, request: PipelineRequest) -> None:
+        """Start ``request``'s pipeline now (blocking) and record the outcome on its row."""
+        try:
+            outcome = self.starter.start(delivery, request)
+        except StartLater as exc:
+            state, flow_run_id, reason = "pending", None, exc.message
+        except Exception as exc:
+            state, flow_run_id, reason = "failed", None, f"{type(exc).__name__}: {exc}"
+        else:
+            if isinstance(outcome, Pending):
+                state, flow_run_id, reason = "pending", None, outcome.reason
+            else:
+                state, flow_run_id, reason = "started", outcome.flow_run_id, ""
+        logger.info("ci start: delivery=%s kind=%s state=%s flow_run=%s reason=%s",
+                    delivery, request.kind, state, flow_run_id, reason)
+        with self.sessions() as session, session.begin():
+            row = session.get(CiDelivery, delivery)
+            if row is not None:
+                row.state, row.flow_run_id, row.reason = state, flow_run_id, _clip(reason, 2000) or ""
+
+    def recent(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The newest ``limit`` deliveries, newest first."""
+        with self.sessions() as session:
+            rows = session.scalars(select(CiDelivery).order_by(CiDelivery.received_at.desc()).limit(limit)).all()
+            return [
+                {"delivery": r.delivery, "event": r.event, "action": r.action, "repo": r.repo,
+                 "prNumber": r.pr_number, "sha": r.sha, "ref": r.ref, "kind": r.kind, "state": r.state,
+                 "flowRunId": r.flow_run_id, "reason": r.reason, "receivedAt": r.received_at}
+                for r in rows
+            ]
