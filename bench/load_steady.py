@@ -70,9 +70,11 @@ def summarize(r: LoadResult) -> dict:
 
 
 def measure_steady(users: int = USERS, duration_s: float = DURATION_S, *, nodes: int = NODES,
-                   gpus_per_node: int = GPUS_PER_NODE, out_dir: Path | None = None) -> dict:
+                   gpus_per_node: int = GPUS_PER_NODE, out_dir: Path | None = None,
+                   figures: Path | None = None) -> dict:
     """One steady run on a fresh platform (always stopped); the ``load`` section's numbers.
-    ``out_dir``: keep Locust's output and the plots there (default: a temporary folder, deleted)."""
+    ``out_dir``: keep Locust's output and the plots there (default: a temporary folder, deleted).
+    ``figures``: copy the run's latency and throughput plots there as ``load_steady_<name>.png``."""
     plat = start_platform(nodes, gpus_per_node, prefect=False)
     out = out_dir or Path(tempfile.mkdtemp(prefix="apiary-bench-load-"))
     try:
@@ -81,6 +83,11 @@ def measure_steady(users: int = USERS, duration_s: float = DURATION_S, *, nodes:
         r = run_load(plat.emb.api_url, token, profile="steady", users=users, duration_s=duration_s, out_dir=out)
         d = summarize(r)
         d["nodes"], d["gpus_per_node"] = nodes, gpus_per_node
+        if figures is not None:
+            figures.mkdir(parents=True, exist_ok=True)
+            for plot in r.plots:
+                shutil.copyfile(plot, figures / f"load_steady_{plot.name}")
+            d["figures"] = sorted(f"bench/plots/load_steady_{plot.name}" for plot in r.plots)
         return d
     finally:
         plat.close()

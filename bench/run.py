@@ -447,7 +447,8 @@ def run_load(which: set[str], quick: bool, errors: list[str]) -> dict:
     try:
         users, duration = ((load_steady.QUICK_USERS, load_steady.QUICK_DURATION_S) if quick
                            else (load_steady.USERS, load_steady.DURATION_S))
-        d = load_steady.measure_steady(users, duration)
+        # The full run's latency and throughput plots go to bench/plots (a --quick run's do not).
+        d = load_steady.measure_steady(users, duration, figures=None if quick else Path(__file__).parent / "plots")
         section.update(d)
         print(
             f"load steady: {d['users']} people ({d['agents']} simulated node agents) for {d['duration_s']:g} s: "
