@@ -162,8 +162,12 @@ def gang(c: Tenants, sleep_s: int) -> str:
     until(lambda: task_running(c, holder), what="job-config-5 running")
     g = c.submit(job_text(6, sleep_s), user="alice")["id"]
     j = until(lambda: (x := c.get(g))["waitingReason"] and x, what="job-config-6 waiting reason")
-    while c.get(holder)["state"] == "RUNNING":
+    while True:
+        # Read the gang first, then the holder: a placement seen while the holder is still RUNNING
+        # afterwards is a real violation; the other order races with the holder finishing in between.
         j = c.get(g)
+        if c.get(holder)["state"] != "RUNNING":
+            break
         check(all(t["node"] is None for t in j["tasks"]), f"gang partially placed: {j['tasks']}")
         time.sleep(0.2)
     j = done(c, g)
