@@ -8,6 +8,13 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test test-fast lint typecheck contracts check bench up clean
 
+# SETUP: what lint/test-fast need first. The CI pipeline's unit stage runs `make lint test-fast
+# VENV=<its own venv> SETUP=` in a workspace (the commit under test, put first on PYTHONPATH), so
+# that a workspace does not install a venv of its own. PYTEST_ARGS: more pytest arguments (paths,
+# --junitxml).
+SETUP ?= setup
+PYTEST_ARGS ?=
+
 # The tests that start real services or processes (pyproject's markers); `make test-fast` skips them.
 SLOW_MARKERS := e2e or postgres or prometheus or prefect or docker
 
@@ -26,10 +33,10 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 # The unit suite: no embedded platform, PostgreSQL, Prometheus or Prefect server (< 1 min).
-test-fast: setup
-	$(BIN)/python -m pytest -q -m "not ($(SLOW_MARKERS))"
+test-fast: $(SETUP)
+	$(BIN)/python -m pytest -q -m "not ($(SLOW_MARKERS))" $(PYTEST_ARGS)
 
-lint: setup
+lint: $(SETUP)
 	$(BIN)/ruff check platform flows tests examples bench
 
 # mypy over platform/apiary ([tool.mypy]: strict for scheduler, lifecycle and spec).

@@ -77,41 +77,52 @@ def lock_pins(lock: Path = REPO / "requirements.lock") -> dict[str, str]:
     return pins
 
 
-def download_wheels(requirements: Iterable[str], dest: Path, *, apiary: bool = False) -> None:
-    """``pip download`` the requirements (pinned by requirements.lock) and their dependencies as
-    wheels into ``dest``, for the image's Python (Debian bookworm's 3.11, the same as here).
-    ``apiary``: also a wheel of Apiary itself plus its runtime dependencies (``apiary[postgres]``;
-    the dev tools are left out). Raises :class:`PlatformError` when pip fails."""
+def download_wheels(requirements: Iterable[str], dest: Path, *, apiary: bool = False, repo: Path = REPO) -> None:
+    """``pip download`` the requirements (pinned by ``repo``'s requirements.lock) and their
+    dependencies as wheels into ``dest``, for the image's Python (Debian bookworm's 3.11, the same
+    as here). ``apiary``: also a wheel of the Apiary source tree at ``repo`` (a CI workspace, or
+    this checkout) into ``dest/apiary/`` and its runtime dependencies (``apiary[postgres]``; the
+    dev tools are left out) into ``dest/deps/``: two folders, so that the image's dependency layer
+    stays in Docker's build cache while only Apiary's own wheel changes from commit to commit.
+    Raises :class:`PlatformError` when pip fails."""
     dest.mkdir(parents=True, exist_ok=True)
-    pins = lock_pins()
+    lock = repo / "requirements.lock"
+    pins = lock_pins(lock)
     reqs = [pins.get(r.lower().replace("_", "-"), r) for r in requirements]
+    target = dest
     if apiary:
-        proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), str(REPO)],
+        own, target = dest / "apiary", dest / "deps"
+        own.mkdir(exist_ok=True)
+        proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(own), str(repo)],
                               capture_output=True, text=True)
         if proc.returncode != 0:
-            raise PlatformError(f"pip wheel {REPO} failed: {proc.stderr[-2000:]}")
-        wheel = next(dest.glob("apiary-*.whl"))
+            raise PlatformError(f"pip wheel {repo} failed: {proc.stderr[-2000:]}")
+        wheel = next(own.glob("apiary-*.whl"))
         # Debian bookworm's Python is 3.11.2: redis needs async-timeout below 3.11.3, which pip
         # leaves out when it resolves here (3.11.7).
         reqs += [f"{wheel}[postgres]", "async-timeout>=4.0.3"]
     if not reqs:
         return
-    argv = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(dest),
-            "-c", str(REPO / "requirements.lock"), *reqs]
+    target.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(target),
+            "-c", str(lock), *reqs]
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
         raise PlatformError(f"pip download failed: {proc.stderr[-2000:]}")
+    for copied in target.glob("apiary-*.whl"):  # pip copies the local wheel too: it belongs in apiary/
+        copied.unlink()
 
 
 def build_image(client: Any, dockerfile_dir: Path, tag: str, *, requirements: Iterable[str] = (),
                 base: str = BASE_IMAGE, dockerfile: str = "Dockerfile", extra: dict[str, Path] | None = None,
-                apiary_wheel: bool = False) -> str:
+                apiary_wheel: bool = False, repo: Path = REPO) -> str:
     """``docker build`` ``dockerfile_dir/dockerfile`` as ``tag`` (build arg ``BASE``); returns
     the image id.
 
     The build context is a temporary copy of ``dockerfile_dir`` plus ``wheels/`` (the wheels of
     ``requirements``, and of Apiary itself with ``apiary_wheel``) and each ``extra`` item
-    (context name -> file or directory to copy). Raises :class:`PlatformError` with the build
+    (context name -> file or directory to copy); ``repo``: the source tree Apiary's wheel and the
+    lock come from. Raises :class:`PlatformError` with the build
     log's tail when the build fails."""
     import docker
 
@@ -120,7 +131,7 @@ def build_image(client: Any, dockerfile_dir: Path, tag: str, *, requirements: It
     with tempfile.TemporaryDirectory(prefix="apiary-build-") as tmp:
         ctx = Path(tmp) / "ctx"
         shutil.copytree(dockerfile_dir, ctx, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        download_wheels(requirements, ctx / "wheels", apiary=apiary_wheel)
+        download_wheels(requirements, ctx / "wheels", apiary=apiary_wheel, repo=repo)
         for name, src in (extra or {}).items():
             if src.is_dir():
                 shutil.copytree(src, ctx / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -161,19 +172,20 @@ def build_example(client: Any, name: str, registry: str, tag: str = "latest", ba
 PLATFORM_IMAGES = ("control-plane", "agent", "prefect")
 
 
-def build_platform(client: Any, registry: str, tag: str, base: str = BASE_IMAGE) -> list[str]:
-    """Build and push ``<registry>/apiary/python:<tag>`` (Apiary + locked dependencies + the
-    examples) and, from it, ``<registry>/apiary/<name>:<tag>`` for each of
-    :data:`PLATFORM_IMAGES`; returns the names pushed. Raises PlatformError."""
-    docker_dir = REPO / "deploy" / "docker"
+def build_platform(client: Any, registry: str, tag: str, base: str = BASE_IMAGE, repo: Path = REPO) -> list[str]:
+    """Build and push ``<registry>/apiary/python:<tag>`` (Apiary from the source tree ``repo`` +
+    locked dependencies + the examples) and, from it, ``<registry>/apiary/<name>:<tag>`` for each
+    of :data:`PLATFORM_IMAGES`; returns the names pushed. ``repo`` defaults to this checkout; the
+    CI pipeline passes its workspace (the commit under test). Raises PlatformError."""
+    docker_dir = repo / "deploy" / "docker"
     python = f"{registry}/apiary/python:{tag}"
     build_image(client, docker_dir, python, dockerfile="Dockerfile.python", base=base, apiary_wheel=True,
-                extra={"examples": REPO / "examples"})
+                extra={"examples": repo / "examples"}, repo=repo)
     push(client, python)
     built = [python]
     for name in PLATFORM_IMAGES:
         full = f"{registry}/apiary/{name}:{tag}"
-        build_image(client, docker_dir, full, dockerfile=f"Dockerfile.{name}", base=python)
+        build_image(client, docker_dir, full, dockerfile=f"Dockerfile.{name}", base=python, repo=repo)
         push(client, full)
         built.append(full)
     return built
