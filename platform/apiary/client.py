@@ -147,6 +147,27 @@ class ApiaryClient:
                 raise TimeoutError(f"job {job_id} still {job['state']} after {timeout} s")
             time.sleep(poll_s)
 
+    # ------------------------------------------------------------------ CI/CD records
+    def record_ci_run(self, run: dict) -> dict:
+        """Record (or update, same ``flowRunId``) one pipeline run (``POST /api/v2/ci/runs``; the
+        wire shape, times ISO 8601); the stored record, with its ``id``."""
+        return self._call("POST", "/api/v2/ci/runs", json=run).json()
+
+    def ci_runs(self, limit: int = 50, **filters: str | None) -> builtins.list[dict]:
+        """The newest pipeline runs, newest first; ``filters``: ``repo``, ``result``, ``kind`` (None or
+        empty: any)."""
+        params = {"limit": limit, **{k: v for k, v in filters.items() if v}}
+        return self._call("GET", "/api/v2/ci/runs", params=params).json()["runs"]
+
+    def record_deployment(self, d: dict) -> dict:
+        """Record one production deployment (``POST /api/v2/deployments``); the stored record, with its ``id``."""
+        return self._call("POST", "/api/v2/deployments", json=d).json()
+
+    def deployments(self, limit: int = 50, **filters: str | None) -> builtins.list[dict]:
+        """The newest deployments, newest first; ``filters``: ``sha`` (a prefix), ``result``."""
+        params = {"limit": limit, **{k: v for k, v in filters.items() if v}}
+        return self._call("GET", "/api/v2/deployments", params=params).json()["deployments"]
+
 
 class Tenants:
     """Several users on one platform, for the demo, tests and benchmarks: the admin's client

@@ -192,6 +192,17 @@ ROUTES = [
     row("POST", "/api/v2/ci/webhooks/github", {}, rest=401,
         body=lambda who, w: {"json": {"zen": "x"}, "headers": {"X-GitHub-Event": "ping", "X-GitHub-Delivery": "d"}}),
     row("GET", "/api/v2/ci/deliveries", {"admin": 200}),
+    # CI/CD records: the flows write with the service token (or an admin's); admins read.
+    row("POST", "/api/v2/ci/runs", {"admin": 201, "bridge": 201},
+        body=lambda who, w: {"json": {"flowRunId": f"authz-{who}", "repo": "acme/apiary", "sha": "a" * 40,
+                                      "ref": "refs/heads/main", "kind": "deploy", "result": "running",
+                                      "startedAt": "2026-11-25T10:00:00Z"}}),
+    row("GET", "/api/v2/ci/runs", {"admin": 200, "bridge": 200}),
+    row("POST", "/api/v2/deployments", {"admin": 201, "bridge": 201},
+        body=lambda who, w: {"json": {"sha": "b" * 40, "images": {"agent": "reg/agent:b"}, "actor": who,
+                                      "trigger": "push", "startedAt": "2026-11-25T10:00:00Z",
+                                      "finishedAt": "2026-11-25T10:01:00Z", "result": "succeeded"}}),
+    row("GET", "/api/v2/deployments", {"admin": 200}),
 ]
 
 

@@ -63,6 +63,16 @@ CONTROL_PLANE_METRICS = {
     "apiary_drill_duration_seconds",
     "apiary_drill_runs_total",
     "apiary_drill_node_failed",
+    # CI/CD records (apiary.ci.records, reported through POST /api/v2/ci/runs and /api/v2/deployments)
+    "apiary_ci_stage_duration_seconds_bucket",
+    "apiary_ci_stage_duration_seconds_sum",
+    "apiary_ci_stage_duration_seconds_count",
+    "apiary_ci_runs_total",
+    "apiary_ci_default_branch_last_run_success",
+    "apiary_deploy_total",
+    "apiary_deploy_rollbacks_total",
+    "apiary_deploy_duration_seconds",
+    "apiary_deploy_last_success_timestamp_seconds",
 }
 PROMETHEUS_METRICS = {"up"}
 KNOWN_METRICS = DCGM_METRICS | NODE_METRICS | CONTROL_PLANE_METRICS | PROMETHEUS_METRICS

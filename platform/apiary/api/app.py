@@ -42,10 +42,12 @@ from apiary.api.longpoll import NodeWaiters
 from apiary.api.schemas import ERROR_RESPONSES, Health, job_protocol_components
 from apiary.auth import Directory
 from apiary.ci.intake import WebhookIntake
+from apiary.ci.records import CiRecords
 from apiary.ci.starter import PrefectStarter
 from apiary.control import ControlPlane
 from apiary.drills.board import DrillBoard
 from apiary.errors import ApiaryError, NotFoundError, PlatformError, UnauthorizedError, UserError, ValidationError
+from apiary.monitoring.ci_metrics import CiCollector
 from apiary.monitoring.platform_metrics import PlatformCollector
 from apiary.ops.alerts import ActionsConfig, AlertReceiver
 from apiary.settings import Settings
@@ -134,6 +136,7 @@ def create_app(
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PlatformCollector(lambda: {**plane.metrics_snapshot(), **drills.snapshot()}))
+    registry.register(CiCollector(CiRecords(plane.sessions).metrics_snapshot))  # CI runs, deployments: the store's
 
     @app.get(
         "/metrics",

@@ -284,3 +284,60 @@ class CiDelivery(Base):
     flow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     reason: Mapped[str] = mapped_column(Text, default="")
     received_at: Mapped[float] = mapped_column(Float, index=True)
+
+
+class CiRun(Base):
+    """One CI pipeline run (a Prefect flow run of the PR or the default-branch pipeline), as the
+    flow reports it (:mod:`apiary.ci.records`). Upserted on ``flow_run_id``: the flow posts
+    ``running`` when it starts and its result when it ends.
+
+    ``kind``: ``pr`` or ``deploy`` (the default-branch pipeline). ``result``: ``running``,
+    ``success``, ``failure`` (a stage failed: ``failed_stage``) or ``error`` (the pipeline itself
+    broke). ``stages``: ``[{"name", "state", "durationS", "summary"}]`` in order, ``state`` one of
+    ``passed``, ``failed``, ``skipped``, ``error``, ``running``. Times are unix seconds; text is
+    clipped to the column's length and has no NUL."""
+
+    __tablename__ = "ci_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    flow_run_id: Mapped[str] = mapped_column(String(64), unique=True)
+    repo: Mapped[str] = mapped_column(String(200))
+    pr_number: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    sha: Mapped[str] = mapped_column(String(64))
+    ref: Mapped[str] = mapped_column(String(300))
+    kind: Mapped[str] = mapped_column(String(16))
+    result: Mapped[str] = mapped_column(String(16))
+    failed_stage: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    started_at: Mapped[float] = mapped_column(Float, index=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    duration_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    stages: Mapped[list] = mapped_column(JSON)
+    target_url: Mapped[str | None] = mapped_column(String(2048), nullable=True)
+
+
+class Deployment(Base):
+    """One production deployment (the deploy flow's rollout, or a rollback), as the flow reports it.
+
+    ``images``: ``{component: image}`` deployed (``control-plane``, ``agent``, ``prefect``);
+    ``previous_images`` what ran before (None on the first deployment). ``trigger``: ``push``,
+    ``rollback`` or ``manual``. ``result``: ``succeeded``, ``rolled_back`` (a gate failed and the
+    previous images were restored) or ``failed``. ``steps``: ``[{"component", "image", "gate", "ok",
+    "detail", "durationS"}]`` in order. ``flow_run_id``, when given, makes a repeated report update
+    its row instead of adding one. Times are unix seconds."""
+
+    __tablename__ = "deployments"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    sha: Mapped[str] = mapped_column(String(64), index=True)
+    images: Mapped[dict] = mapped_column(JSON)
+    previous_images: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    actor: Mapped[str] = mapped_column(String(200))
+    trigger: Mapped[str] = mapped_column(String(16))
+    started_at: Mapped[float] = mapped_column(Float, index=True)
+    finished_at: Mapped[float] = mapped_column(Float)
+    duration_s: Mapped[float] = mapped_column(Float)
+    result: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    steps: Mapped[list] = mapped_column(JSON)
+    flow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True, unique=True)
