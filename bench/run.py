@@ -22,6 +22,7 @@ could not run. See bench/README.md.
     .venv/bin/python bench/run.py --only monitoring                 # scrape time + fault -> cordon
     .venv/bin/python bench/run.py --only prefect [--prefect-sqlite] [--prefect-profile]
     .venv/bin/python bench/run.py --only load                       # steady load profile (Locust), 50 people
+    .venv/bin/python bench/run.py --only ci                         # one full platform-ci pipeline, per stage
 """
 
 from __future__ import annotations
@@ -58,9 +59,10 @@ PREFECT = ("prefect.ui_lag", "prefect.catch_up")
 API = ("api.submit", "api.hostile")
 RUNTIME = ("runtime.docker_start",)
 LOAD = ("load.steady",)
-BENCHMARKS = ("scheduler", "replay", *LIFECYCLE, *API, *RUNTIME, *MONITORING, *PREFECT, *LOAD)
+CI = ("ci.pipeline",)
+BENCHMARKS = ("scheduler", "replay", *LIFECYCLE, *API, *RUNTIME, *MONITORING, *PREFECT, *LOAD, *CI)
 GROUPS = {"lifecycle": LIFECYCLE, "api": API, "runtime": RUNTIME, "monitoring": MONITORING, "prefect": PREFECT,
-          "load": LOAD}
+          "load": LOAD, "ci": CI}
 ONLY_CHOICES = (*BENCHMARKS, *GROUPS)  # a family name = every benchmark of that family
 PREFECT_RATE, PREFECT_DURATION_S, PREFECT_BURST = 20.0, 60.0, 1000
 QUICK_PREFECT_DURATION_S, QUICK_PREFECT_BURST = 10.0, 100
@@ -266,6 +268,10 @@ def write_results(out: Path, section: dict, replace: bool, name: str = "lifecycl
         import load_steady
 
         merged["method"] = load_steady.method(merged)
+    elif name == "ci":
+        import ci_pipeline
+
+        merged["method"] = ci_pipeline.method(merged)
     elif name == "prefect":
         import prefect_lag
 
@@ -385,6 +391,23 @@ def run_runtime(which: set[str], quick: bool, errors: list[str]) -> dict:
               f"p99={d['docker_start_p99_s']}s max={d['docker_start_max_s']}s ({d['docker_start_image']})", flush=True)
     except Exception:
         errors.append("runtime.docker_start")
+        traceback.print_exc()
+    return section
+
+
+def run_ci(which: set[str], quick: bool, errors: list[str]) -> dict:
+    """``ci.stage_s`` (bench/ci_pipeline.py): one full-profile platform-ci run (reduced with --quick)."""
+    section: dict = {}
+    if "ci.pipeline" not in which:
+        return section
+    import ci_pipeline
+
+    try:
+        section.update(ci_pipeline.measure_pipeline("reduced" if quick else "full"))
+        stages = ", ".join(f"{k} {v:g}" for k, v in section["stage_s"].items())
+        print(f"ci pipeline ({section['profile']}): {section['total_s']:g} s total; {stages}", flush=True)
+    except Exception:
+        errors.append("ci.pipeline")
         traceback.print_exc()
     return section
 
@@ -692,6 +715,11 @@ def main(argv: list[str] | None = None) -> int:
         written["prefect"] = pre
         # a run of both prefect benchmarks on PostgreSQL replaces the section; others update their keys
         write_results(args.out, pre, replace=set(PREFECT) <= which and "postgresql" in dbs, name="prefect")
+    cip = run_ci(which, args.quick, errors)
+    if cip:
+        stamp(cip, args.quick)
+        written["ci"] = cip
+        write_results(args.out, cip, replace=True, name="ci")
     ld = run_load(which, args.quick, errors)
     if ld:
         stamp(ld, args.quick)

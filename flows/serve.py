@@ -6,6 +6,9 @@
 * ``what-if-replay/whatif``: a trace replay from the UI (see flows/whatif.py);
 * ``scheduling-loop/loop``: on demand only (no schedule): Apiary's control plane runs the
   scheduler itself, and a run per minute would bury the jobs in the runs list;
+* ``platform-ci/pr`` and ``platform-deploy/main``: Apiary's own CI/CD (flows/ci.py), started by
+  the GitHub webhook intake and by Jenkins (ci/run-pipeline, ci/deploy); configured by the
+  ``APIARY_CI_*`` variables (:mod:`apiary.ci.config`);
 * the drills on cron schedules (flows/drills.py, :data:`DRILL_SCHEDULES`): ``inspection/inspection``,
   ``stress-drill/nightly``, ``chaos-drill/weekly``, ``load-drill/weekly``.
 
@@ -29,6 +32,7 @@ from prefect import serve  # noqa: E402
 
 from apiary.tracking.portal import form_schema  # noqa: E402
 from apiary.tracking.source import service_headers  # noqa: E402
+from ci import platform_ci, platform_deploy  # noqa: E402
 from drills import chaos_drill, inspection, load_drill, stress_drill  # noqa: E402
 from job import rerun_job, submit_form, submit_yaml  # noqa: E402
 from scheduling import scheduling_loop  # noqa: E402
@@ -126,6 +130,21 @@ def drill_deployments(api_url: str | None = None, active: bool | None = None) ->
     ]
 
 
+def ci_deployments() -> list:
+    """``platform-ci/pr`` (one run per commit) and ``platform-deploy/main`` (one at a time: two
+    rollouts of the same production platform must not interleave)."""
+    return [
+        platform_ci.to_deployment(
+            name="pr", tags=["ci"],
+            description="Apiary's CI pipeline for one commit: checkout, unit, image, staging, integration, load, "
+                        "chaos, regression, report. Started by the GitHub webhook intake or ci/run-pipeline."),
+        platform_deploy.to_deployment(
+            name="main", tags=["ci", "deploy"], concurrency_limit=1,
+            description="Roll the production platform forward to a default-branch commit after its pipeline "
+                        "passed, one component at a time, gated on health, rolled back on a failed gate."),
+    ]
+
+
 def _schema(deployment, vcs: list[str] | None) -> object:
     from prefect.utilities.callables import ParameterSchema
 
@@ -135,7 +154,7 @@ def _schema(deployment, vcs: list[str] | None) -> object:
 
 
 def main() -> None:
-    serve(*deployments(), *drill_deployments())
+    serve(*deployments(), *drill_deployments(), *ci_deployments())
 
 
 if __name__ == "__main__":

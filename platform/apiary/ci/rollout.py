@@ -68,7 +68,8 @@ class Step:
 
     def to_record(self) -> dict[str, Any]:
         return {"component": self.component, "image": self.image, "gate": self.gate, "ok": self.ok,
-                "detail": self.detail, "durationS": round(self.duration_s, 3)}
+                # The record keeps the last 2,000 characters (the API's bound): a log tail's end says most.
+                "detail": self.detail[-2000:], "durationS": round(self.duration_s, 3)}
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,7 @@ class DeploymentResult:
             "sha": self.sha, "images": dict(self.images), "previousImages": dict(self.previous_images) or None,
             "actor": self.actor, "trigger": self.trigger, "startedAt": iso(self.started_at),
             "finishedAt": iso(self.finished_at), "durationS": round(self.finished_at - self.started_at, 3),
-            "result": self.result, "reason": self.reason, "steps": [s.to_record() for s in self.steps],
+            "result": self.result, "reason": self.reason[:4000] if self.reason else None, "steps": [s.to_record() for s in self.steps],
             "flowRunId": self.flow_run_id,
         }
 

@@ -19,10 +19,12 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from apiary.cli.chaos import chaos_app
+from apiary.cli.ci import ci_app
 from apiary.cli.deploy import deploy_app
 from apiary.cli.identity import add_identity_commands
 from apiary.cli.image import image_app
 from apiary.cli.load import load_app
+from apiary.cli.rollout import add_rollout_commands
 from apiary.cli.sim import sim_app
 from apiary.errors import ApiaryError, PortInUseError
 
@@ -36,10 +38,12 @@ app.add_typer(node_app, name="node")
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(demo_app, name="demo")
 app.add_typer(sim_app, name="sim")
+add_rollout_commands(deploy_app)  # `apiary deploy rollback` (apiary.ci.rollout)
 app.add_typer(deploy_app, name="deploy")
 app.add_typer(image_app, name="image")
 app.add_typer(chaos_app, name="chaos")
 app.add_typer(load_app, name="load")
+app.add_typer(ci_app, name="ci")
 add_identity_commands(app, lambda token=None: _client(token), lambda e: _fail(e))
 console = Console()
 err = Console(stderr=True)
