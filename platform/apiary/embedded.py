@@ -186,8 +186,14 @@ class Embedded:
         self.api_port = self.api_port or self._port()
         logs = self.home / "logs"
         base = self._base_env()
+        cp_env = base
+        if self.prefect:
+            # The Prefect server first: the control plane's webhook intake starts the CI/CD flow
+            # runs there (PREFECT_API_URL), which it could not do with a server started after it.
+            api = self._start_prefect_server(base)
+            cp_env = {**base, **prefect_env(self.home / "prefect", api, self.prefect_auth_string)}
         self.children["control-plane"] = Child(
-            "control-plane", self._cli("control-plane", "--port", str(self.api_port)), base,
+            "control-plane", self._cli("control-plane", "--port", str(self.api_port)), cp_env,
             logs / "control-plane.log",
         )
         self.children["control-plane"].start()
@@ -281,15 +287,17 @@ class Embedded:
             write_secret(path, current)
         return current
 
-    def _start_prefect(self, base: dict[str, str], logs: Path) -> None:
-        """Start the Prefect server (unless ``prefect_api_url`` names one), bridge and serve.
+    def _start_prefect_server(self, base: dict[str, str]) -> str:
+        """Start the Prefect server (unless ``prefect_api_url`` names one); returns its API URL.
 
         When Apiary's store is PostgreSQL (``APIARY_DATABASE_URL`` in the children's
         environment), the server runs on PostgreSQL too: database ``<apiary db>_prefect`` on the
         same server, created if missing (a SQLite-backed server answers 503 under concurrent
         writes). Otherwise it keeps its zero-setup SQLite file in ``home/prefect``.
         """
-        if self.prefect_api_url is None:
+        if self.prefect_api_url is not None:
+            return self.prefect_api_url
+        if self.prefect_server is None:
             # Protected: the run form submits as the user it names, which is only safe when the
             # people who reach the UI are the ones who hold this password (README, trust model).
             self.prefect_auth_string = self._prefect_auth()
@@ -297,9 +305,12 @@ class Embedded:
                 self.home / "prefect", database_url=self._prefect_database(base.get("APIARY_DATABASE_URL")),
                 auth_string=self.prefect_auth_string, port=self._port(),
             )
-            api = self.prefect_server.api_url
-        else:
-            api = self.prefect_api_url
+        return self.prefect_server.api_url
+
+    def _start_prefect(self, base: dict[str, str], logs: Path) -> None:
+        """Start the bridge and flows/serve.py against the Prefect server (started first by
+        :meth:`_start_prefect_server`)."""
+        api = self._start_prefect_server(base)
         penv = {**base, **prefect_env(self.home / "prefect", api, self.prefect_auth_string),
                 "APIARY_API_URL": self.api_url, "APIARY_DRILL_SCHEDULES": "1" if self.drill_schedules else "0"}
         # The bridge and the flows call Apiary with the bridge's service token (the control plane

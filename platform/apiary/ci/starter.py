@@ -1,13 +1,15 @@
 """Starting a pipeline for a delivery: the :class:`PipelineStarter` interface and its Prefect implementation.
 
-The CI and deploy flows themselves do not exist yet (later items of the issue). Until their
-deployments are registered, :class:`PrefectStarter` answers :class:`Pending` with the reason and
-the intake keeps the delivery recorded as ``pending``: nothing is lost, nothing is started.
+The flows are flows/ci.py's ``platform-ci`` and ``platform-deploy``, served by flows/serve.py. When
+their deployments are not registered (or ``PREFECT_API_URL`` is not set), :class:`PrefectStarter`
+answers :class:`Pending` with the reason and the intake keeps the delivery recorded as
+``pending``: nothing is lost, nothing is started.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,6 +78,11 @@ class PrefectStarter(PipelineStarter):
         from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 
         name = self.deployments[request.kind]
+        if self._client_factory is _prefect_client and not os.environ.get("PREFECT_API_URL"):
+            # Without it Prefect's client would start a throw-away in-process server, and the run
+            # would be created where no worker serves it.
+            return Pending(f"PREFECT_API_URL is not set in the control plane's environment: {name} cannot be "
+                           f"started; the delivery is kept")
         try:
             with self._client_factory() as client:
                 try:
