@@ -23,10 +23,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def snapshot(root: Path) -> tuple[Path, str]:
-    """This working tree (tracked and untracked-not-ignored files) committed into a new repository,
+    """This working tree's tracked files (as they are on disk) committed into a new repository,
     cloned bare to ``root/origin.git``; returns (bare, sha)."""
     src = root / "src"
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached"], cwd=REPO,
                             check=True, capture_output=True).stdout.decode().split("\0")
     for rel in filter(None, listed):
         if (REPO / rel).is_file():

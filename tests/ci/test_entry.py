@@ -112,10 +112,12 @@ def test_stage_table_states_durations_and_summaries():
 
 
 def test_deploy_steps_table():
-    rows = stage_table(DEPLOY_STEPS, [task_run("control-plane"), task_run("agent", "FAILED", 1)], None,
-                       DEPLOY.aliases)
+    runs = [task_run("control-plane"), task_run("agent", "FAILED", 1), task_run("rollback-agent", start_s=2),
+            task_run("rollback-control-plane", start_s=3)]
+    rows = stage_table(DEPLOY_STEPS, runs, None, DEPLOY.aliases)
     assert _results(rows) == {"ci": "skipped", "control-plane": "passed", "agent": "failed", "bridge": "skipped",
-                              "canary": "skipped"}
+                              "canary": "skipped", "rollback-bridge": "skipped", "rollback-agent": "passed",
+                              "rollback-control-plane": "passed"}
     # CI run as a platform-ci subflow: its tracking task run is named after the flow
     rows = stage_table(DEPLOY_STEPS, [task_run("platform-ci-0"), task_run("control-plane", start_s=9)], None,
                        DEPLOY.aliases)

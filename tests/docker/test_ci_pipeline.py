@@ -86,11 +86,11 @@ class Repo:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Repo:
-    """This working tree (tracked and untracked-but-not-ignored files) as the first commit of a
+    """This working tree's tracked files (as they are on disk) as the first commit of a
     repository, pushed to a bare one."""
     root = tmp_path_factory.mktemp("ci-repo")
     src = root / "src"
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO_ROOT,
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached"], cwd=REPO_ROOT,
                             check=True, capture_output=True).stdout.decode().split("\0")
     for rel in filter(None, listed):
         source = REPO_ROOT / rel
@@ -215,7 +215,7 @@ def finished_run(ci: Embedded, sha: str, kind: str = "pr", timeout: float = PIPE
                 return run
         return None
 
-    return until(done, timeout, f"the {kind} pipeline of {sha[:8]}", poll=2.0)
+    return until(done, timeout, f"the {kind} pipeline of {sha[:8]}", poll_s=2.0)
 
 
 def stage_states(run: dict) -> dict[str, str]:
@@ -275,7 +275,7 @@ def test_good_change_passes_every_stage_and_deploys_with_a_job_surviving(ci, rep
     assert resp.status_code == 202 and resp.json()["kind"] == "deploy", resp.text
 
     deployment = until(lambda: next((d for d in ci.admin.deployments(limit=20)  # type: ignore[attr-defined]
-                                     if d["sha"] == sha), None), 900, "the deployment of (a)", poll=2.0)
+                                     if d["sha"] == sha), None), 900, "the deployment of (a)", poll_s=2.0)
     assert deployment["result"] == "succeeded", deployment
     assert [s["component"] for s in deployment["steps"] if s["ok"]][:3] == ["control-plane", "agent", "bridge"]
     assert prod.current_images()["control-plane"].endswith(f":{sha[:12]}")
@@ -313,7 +313,7 @@ def test_broken_control_plane_fails_staging_and_is_rolled_back_from_production(c
                       json={"parameters": {"request": request, "delivery": "forced", "force": True}})
     assert made.status_code == 201, made.text
     deployment = until(lambda: next((d for d in ci.admin.deployments(limit=20)  # type: ignore[attr-defined]
-                                     if d["sha"] == sha), None), 900, "the forced deployment of (c)", poll=2.0)
+                                     if d["sha"] == sha), None), 900, "the forced deployment of (c)", poll_s=2.0)
     assert deployment["result"] == "rolled_back" and deployment["trigger"] == "manual", deployment
     assert "control-plane" in deployment["reason"], deployment
     assert prod.current_images() == before

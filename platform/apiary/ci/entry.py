@@ -45,8 +45,10 @@ logger = logging.getLogger(__name__)
 
 #: platform-ci's stages, in order: each is a task run named exactly so (flows/ci.py).
 CI_STAGES = ("checkout", "unit", "image", "staging", "integration", "load", "chaos", "regression", "report")
-#: platform-deploy's steps, in order (``ci`` is absent when the deploy did not run CI).
-DEPLOY_STEPS = ("ci", "control-plane", "agent", "bridge", "canary")
+#: platform-deploy's steps, in order (``ci`` is absent when the deploy did not run CI; the
+#: ``rollback-*`` steps run only after a failed gate, in reverse order).
+DEPLOY_STEPS = ("ci", "control-plane", "agent", "bridge", "canary", "rollback-bridge", "rollback-agent",
+                "rollback-control-plane")
 #: The table artifact platform-ci creates: rows ``{"stage", "state", "duration_s", "summary"}``.
 REPORT_ARTIFACT_KEY = "ci-report"
 

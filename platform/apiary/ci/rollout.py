@@ -209,7 +209,8 @@ class DeploymentResult:
             "sha": self.sha, "images": dict(self.images), "previousImages": dict(self.previous_images) or None,
             "actor": self.actor, "trigger": self.trigger, "startedAt": iso(self.started_at),
             "finishedAt": iso(self.finished_at), "durationS": round(self.finished_at - self.started_at, 3),
-            "result": self.result, "reason": self.reason[:4000] if self.reason else None, "steps": [s.to_record() for s in self.steps],
+            "result": self.result, "reason": self.reason[:4000] if self.reason else None,
+            "steps": [s.to_record() for s in self.steps],
             "flowRunId": self.flow_run_id,
         }
 

@@ -272,14 +272,16 @@ def load(ctx: CiContext) -> str:
 
 def chaos(ctx: CiContext) -> str:
     """The chaos experiments for CI (``config.chaos``, files in the workspace's ``chaos/``) against
-    staging, each judged from its journal (:func:`apiary.chaos.runner.run_experiment`)."""
+    staging, each judged from its journal (:func:`apiary.chaos.runner.run_experiment`). The
+    experiments' home is the staging platform's (its probes check that the URL answers as that
+    platform's cluster), never the CI runner's own ``APIARY_HOME``."""
     from apiary.chaos.runner import run_experiment
 
     platform = _staging(ctx)
     verdicts = []
     for name in ctx.config.chaos:
         v = run_experiment(ctx.workspace / "chaos" / f"{name}.json", api_url=platform.url,
-                           token=platform.admin_token(), home=None, journal_dir=ctx.artifacts / "chaos",
+                           token=platform.admin_token(), home=platform.home, journal_dir=ctx.artifacts / "chaos",
                            timeout_s=420)
         ctx.log.info("chaos %s passed=%s %s", name, v.passed, "; ".join(v.reasons))
         verdicts.append(v)
