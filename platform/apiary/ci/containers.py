@@ -208,7 +208,9 @@ class ContainerPlatform:
             command = ["--host", "127.0.0.1", "--port", str(self.port)]
         elif component == "agent":
             command = ["--api", self.url, "--all-nodes", "--simulated-gpus",
-                       "--state-dir", str(self.home / "agents"), "--credentials", str(self.home / "credentials")]
+                       "--state-dir", str(self.home / "agents"), "--credentials", str(self.home / "credentials"),
+                       # each node's dcgm-exporter-style /metrics (the GPU-fault chaos probes read it)
+                       "--metrics-ports", "auto"]
             if self.agent_runtime == "docker":
                 command += ["--runtime", "docker"]
                 volumes["/var/run/docker.sock"] = {"bind": "/var/run/docker.sock", "mode": "rw"}
