@@ -27,6 +27,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from apiary.errors import ValidationError
 from apiary.spec import safeyaml
+from apiary.spec.cluster import loc_path
 
 __all__ = [
     "FieldError",
@@ -59,7 +60,7 @@ class FieldError(ValueError):
     def __init__(self, field: str | tuple[int | str, ...], reason: str) -> None:
         self.loc: tuple[int | str, ...] = (field,) if isinstance(field, str) else field
         self.reason = reason
-        super().__init__(f"{_path(self.loc)}: {reason}")
+        super().__init__(f"{loc_path(self.loc)}: {reason}")
 
 
 class Weekday(IntEnum):
@@ -175,16 +176,6 @@ def to_instant(reading: datetime, tz: ZoneInfo) -> datetime:
 M = TypeVar("M", bound=BaseModel)
 
 
-def _path(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out
-
-
 def parse_model(model: type[M], data: Any, field: str = "") -> M:
     """Validate ``data`` (plain dicts and lists, as YAML gives them) as ``model``.
 
@@ -204,7 +195,7 @@ def parse_model(model: type[M], data: Any, field: str = "") -> M:
         elif isinstance(cause, ValueError):
             reason = str(cause)
         prefix = (field,) if field else ()
-        raise ValidationError(_path((*prefix, *loc)), reason) from None
+        raise ValidationError(loc_path((*prefix, *loc)), reason) from None
 
 
 def parse_yaml(text: str | bytes, field: str, what: str) -> Any:

@@ -263,12 +263,14 @@ class ClusterConfig(_Model):
             cfg = cls.model_validate(data)
         except PydanticValidationError as e:
             err = e.errors()[0]
-            raise ValidationError(_loc(err["loc"]), err["msg"]) from None
+            raise ValidationError(loc_path(err["loc"]), err["msg"]) from None
         _check_semantics(cfg)
         return cfg
 
 
-def _loc(loc: tuple[int | str, ...]) -> str:
+def loc_path(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location as a field path: ``("layers", 0, "time_zone")`` ->
+    ``layers[0].time_zone`` (the name a 4xx gives the field)."""
     out = ""
     for part in loc:
         if isinstance(part, int):
