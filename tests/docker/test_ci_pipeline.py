@@ -319,5 +319,5 @@ def test_broken_control_plane_fails_staging_and_is_rolled_back_from_production(c
     assert prod.current_images() == before
     assert prod.gate_healthz(120).ok
     client = ApiaryClient(prod.url, token=prod.admin_token(), timeout=60)
-    job = client.submit((LAB6 / "job-config-0.yaml").read_text())
+    job = client.submit((LAB6 / "job-config-0.yaml").read_text().replace("name: job-config-0", "name: after-rollback"))
     assert client.wait(job["id"], timeout=300, poll_s=1.0)["state"] == "SUCCEEDED"
