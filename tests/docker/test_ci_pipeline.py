@@ -42,6 +42,7 @@ from tests.support.serving import serving
 
 from apiary.ci.config import ProductionTarget
 from apiary.ci.containers import ContainerPlatform, PlatformImages
+from apiary.ci.pipeline import STAGE_NAMES
 from apiary.ci.webhooks import sign
 from apiary.client import ApiaryClient
 from apiary.embedded import REPO_ROOT, Embedded
@@ -237,7 +238,15 @@ def test_forged_delivery_starts_nothing(ci, repo):
     assert ci.admin.ci_runs(limit=50) == before  # type: ignore[attr-defined]
 
 
-def test_good_change_passes_every_stage_and_deploys_with_a_job_surviving(ci, repo, production, registry, statuses):
+def task_run_names(prefect: Any, flow_run_id: str) -> set[str]:
+    resp = httpx.post(f"{prefect.api_url}/task_runs/filter", timeout=30,
+                      json={"flow_runs": {"id": {"any_": [flow_run_id]}}})
+    resp.raise_for_status()
+    return {t["name"] for t in resp.json()}
+
+
+def test_good_change_passes_every_stage_and_deploys_with_a_job_surviving(ci, repo, production, registry, statuses,
+                                                                        prefect):
     target, prod = production
     sha = repo.pull_request("good-change", lambda src: (src / "ci" / "CHANGELOG").write_text("a good change\n"))
     open_pr(ci, repo, sha, 101, "good-change")
@@ -257,6 +266,8 @@ def test_good_change_passes_every_stage_and_deploys_with_a_job_surviving(ci, rep
     run_a = finished_run(ci, sha)
     assert run_a["result"] == "success", run_a
     assert all(state == "passed" for state in stage_states(run_a).values()), run_a["stages"]
+    # In the Prefect UI each stage is a task run of the pipeline's flow run, named after the stage.
+    assert set(STAGE_NAMES) <= task_run_names(prefect, run_a["flowRunId"])
     assert statuses_for(statuses[1], sha) == ["pending", "success"]
     final = next(s for s in statuses[1] if s["sha"] == sha and s["state"] == "success")
     assert final["context"] == "apiary/platform-ci" and run_a["flowRunId"] in final["target_url"]
@@ -277,6 +288,7 @@ def test_good_change_passes_every_stage_and_deploys_with_a_job_surviving(ci, rep
     deployment = until(lambda: next((d for d in ci.admin.deployments(limit=20)  # type: ignore[attr-defined]
                                      if d["sha"] == sha), None), 900, "the deployment of (a)", poll_s=2.0)
     assert deployment["result"] == "succeeded", deployment
+    assert {"control-plane", "agent", "bridge", "canary"} <= task_run_names(prefect, deployment["flowRunId"])
     assert [s["component"] for s in deployment["steps"] if s["ok"]][:3] == ["control-plane", "agent", "bridge"]
     assert prod.current_images()["control-plane"].endswith(f":{sha[:12]}")
     final_job = client.wait(job["id"], timeout=300, poll_s=1.0)
