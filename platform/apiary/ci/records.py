@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func, or_, select
@@ -25,6 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from apiary.ci.intake import _clip
+from apiary.control.views import iso
 from apiary.store.models import CiRun, Deployment
 
 logger = logging.getLogger(__name__)
@@ -66,13 +66,6 @@ def _str(value: object, limit: int) -> str:
 
 def _seconds(value: object) -> float | None:
     return None if value is None else float(value)  # type: ignore[arg-type]
-
-
-def iso(t: float | None) -> str | None:
-    """Unix seconds as ISO 8601 UTC (``2026-11-25T10:00:00Z``); None stays None."""
-    if t is None:
-        return None
-    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
 
 
 def _stage(stage: Mapping[str, Any]) -> dict[str, Any]:
@@ -123,25 +116,29 @@ class CiRecords:
             "target_url": _text(run.get("targetUrl"), MAX_URL),
         }
         try:
-            return self._upsert_run(values)
+            return self._upsert(CiRun, values, _run_json, "ci run")
         except IntegrityError:
             # another request inserted this flow run between our read and our insert: update it
-            return self._upsert_run(values)
+            return self._upsert(CiRun, values, _run_json, "ci run")
 
-    def _upsert_run(self, values: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    def _upsert(self, model: Any, values: dict[str, Any], to_json: Callable[[Any], dict[str, Any]],
+                what: str) -> tuple[dict[str, Any], bool]:
+        """Insert ``values`` as a ``model`` row, or update the row with the same ``flow_run_id``
+        (none: always insert); the stored record (``to_json``) and whether it was new."""
         with self.sessions() as session, session.begin():
-            row = session.scalars(select(CiRun).where(CiRun.flow_run_id == values["flow_run_id"])).first()
+            key = values["flow_run_id"]
+            row = None if key is None else session.scalars(select(model).where(model.flow_run_id == key)).first()
             created = row is None
             if row is None:
-                row = CiRun(**values)
+                row = model(**values)
                 session.add(row)
             else:
-                for key, value in values.items():
-                    setattr(row, key, value)
+                for name, value in values.items():
+                    setattr(row, name, value)
             session.flush()
-            record = _run_json(row)
-        logger.info("ci run recorded: id=%s flow_run=%s repo=%s sha=%s kind=%s result=%s created=%s", record["id"],
-                    record["flowRunId"], record["repo"], record["sha"], record["kind"], record["result"], created)
+            record = to_json(row)
+        logger.info("%s recorded: id=%s flow_run=%s sha=%s result=%s created=%s", what, record["id"],
+                    record["flowRunId"], record["sha"], record["result"], created)
         return record, created
 
     def runs(self, limit: int = 50, *, repo: str | None = None, result: str | None = None,
@@ -175,29 +172,12 @@ class CiRecords:
             "flow_run_id": _text(deployment.get("flowRunId"), 64),
         }
         try:
-            return self._upsert_deployment(values)
+            return self._upsert(Deployment, values, _deployment_json, "deployment")
         except IntegrityError:
             if values["flow_run_id"] is None:
                 raise  # no unique key to collide on: a real failure
-            return self._upsert_deployment(values)
+            return self._upsert(Deployment, values, _deployment_json, "deployment")
 
-    def _upsert_deployment(self, values: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        with self.sessions() as session, session.begin():
-            row = None
-            if values["flow_run_id"] is not None:
-                row = session.scalars(select(Deployment).where(Deployment.flow_run_id == values["flow_run_id"])).first()
-            created = row is None
-            if row is None:
-                row = Deployment(**values)
-                session.add(row)
-            else:
-                for key, value in values.items():
-                    setattr(row, key, value)
-            session.flush()
-            record = _deployment_json(row)
-        logger.info("deployment recorded: id=%s sha=%s trigger=%s result=%s actor=%s created=%s", record["id"],
-                    record["sha"], record["trigger"], record["result"], record["actor"], created)
-        return record, created
 
     def deployments(self, limit: int = 50, *, sha: str | None = None,
                     result: str | None = None) -> list[dict[str, Any]]:
