@@ -183,7 +183,7 @@ def test_rollout_succeeds_and_records_every_step():
     assert record["images"] == NEW.as_dict()
     assert record["previousImages"] == {"control-plane": OLD.control_plane, "agent": OLD.agent}
     assert record["trigger"] == "push" and record["actor"] == "ci" and record["flowRunId"] is None
-    assert record["startedAt"] == "2023-11-14T22:13:20Z" and record["reason"] is None
+    assert record["startedAt"] == "2023-11-14T22:13:20.000Z" and record["reason"] is None
     assert record["durationS"] == 7.0  # 8 clock reads, one second apart
     assert [(s["component"], s["gate"], s["ok"]) for s in record["steps"]] == [
         ("control-plane", "healthz", True), ("agent", "agents", True), ("canary", "canary", True)]

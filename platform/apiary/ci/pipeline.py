@@ -33,9 +33,10 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
+
+from apiary.control.views import iso
 
 logger = logging.getLogger(__name__)
 
@@ -78,15 +79,14 @@ class StageFailed(Exception):
 
 @dataclass
 class StageOutcome:
-    """How one stage went: ``state``, ``duration_s`` (wall seconds), one-line ``summary``,
-    ``details`` (JSON-ready, stage-specific) and the ``artifacts`` it wrote (paths)."""
+    """How one stage went: ``state``, ``duration_s`` (wall seconds), one-line ``summary`` and
+    ``details`` (JSON-ready, stage-specific)."""
 
     name: str
     state: StageState
     duration_s: float = 0.0
     summary: str = ""
     details: dict[str, Any] = field(default_factory=dict)
-    artifacts: list[str] = field(default_factory=list)
 
     def row(self) -> dict[str, Any]:
         """The report table's row: ``stage``, ``state``, ``duration_s``, ``summary``."""
@@ -220,10 +220,6 @@ class PipelineReport:
                 "reason": self.first_failure.summary if self.first_failure else None,
                 "stages": [asdict(o) for o in self.outcomes], "startedAt": self.started_at,
                 "finishedAt": self.finished_at, "flowRunId": self.flow_run_id, "targetUrl": self.target_url}
-
-
-def iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).isoformat()
 
 
 Stage = Callable[[CiContext], "str | StageOutcome | None"]

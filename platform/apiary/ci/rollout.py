@@ -29,11 +29,11 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Literal, Protocol
 
 from apiary.ci.containers import COMPONENT_IMAGE, COMPONENTS, GateResult, PlatformImages
+from apiary.control.views import iso
 
 logger = logging.getLogger(__name__)
 
@@ -175,10 +175,6 @@ def next_action(plan: Plan, steps: Sequence[Step]) -> Action:
 
 # ------------------------------------------------------------------------------ the record
 
-
-def iso(t: float) -> str:
-    """Unix seconds as ISO 8601 UTC (``2026-11-25T10:00:00.250000Z``)."""
-    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
 
 
 @dataclass

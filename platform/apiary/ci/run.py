@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from apiary.ci.config import CiConfig
-from apiary.ci.pipeline import CiContext, Commit, PipelineReport, Runner, Stage, direct_runner, iso, run_pipeline
+from apiary.ci.pipeline import CiContext, Commit, PipelineReport, Runner, Stage, direct_runner, run_pipeline
+from apiary.control.views import iso
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +92,7 @@ def ci_pipeline(commit: Commit, config: CiConfig, *, runner: Runner = direct_run
     started: dict[str, Any] = {
         "flowRunId": flow_run_id or ctx.artifacts.name, "repo": commit.repo, "prNumber": commit.pr_number,
         "sha": commit.sha, "ref": commit.ref or "-", "kind": commit.kind, "result": "running",
-        "startedAt": iso(_now()), "stages": [], "targetUrl": ctx.target_url}
+        "startedAt": iso(time.time()), "stages": [], "targetUrl": ctx.target_url}
     record(config, "ci_run", started, ctx.log)
     try:
         stage_mod.post_status(config, commit.repo, commit.sha,
@@ -108,21 +110,13 @@ def ci_pipeline(commit: Commit, config: CiConfig, *, runner: Runner = direct_run
     return report
 
 
-def _now() -> float:
-    import time
-
-    return time.time()
-
-
 @dataclass
 class DeployOutcome:
-    """What :func:`deploy_commit` did: ``result`` (``succeeded``, ``rolled_back``, ``failed``:
-    the rollout's; ``refused``: not deployed, the pipeline failed), ``reason``, the ``ci`` report
-    when it ran the pipeline, and the deployment ``record`` (None when refused)."""
+    """What :func:`deploy_commit` did: ``result`` (the rollout's: ``succeeded``, ``rolled_back``,
+    ``failed``), ``reason`` and the deployment ``record`` as posted."""
 
     result: str
     reason: str | None
-    ci: PipelineReport | None = None
     record: dict[str, Any] | None = None
 
     @property
@@ -205,4 +199,4 @@ def deploy_commit(commit: Commit, config: CiConfig, *, trigger: str = "push", fl
     body["flowRunId"] = flow_run_id
     record(config, "deployment", body, log)
     log.info("deploy %s: %s %s", commit.short, body["result"], body.get("reason") or "")
-    return DeployOutcome(body["result"], body.get("reason"), None, body)
+    return DeployOutcome(body["result"], body.get("reason"), body)
