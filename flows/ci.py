@@ -33,30 +33,34 @@ class StageDidNotPass(Exception):
 
 
 @task(cache_policy=NO_CACHE, persist_result=False)
-def _stage(name: str, call: Callable[[], StageOutcome], ctx: CiContext | None) -> StageOutcome:
-    outer = ctx.log if ctx else None
-    if ctx is not None:
-        ctx.log = get_run_logger()  # type: ignore[assignment]  # the stage logs into its task run
-    try:
-        outcome = call()
-    finally:
-        if ctx is not None and outer is not None:
-            ctx.log = outer
-    lines = [f"**{name}**: {outcome.state} in {outcome.duration_s:.1f} s", "", outcome.summary]
-    if outcome.artifacts:
-        lines += ["", *(f"- `{a}`" for a in outcome.artifacts)]
-    create_markdown_artifact(key=f"ci-stage-{name}", markdown="\n".join(lines),
-                             description=f"{name}: {outcome.state}")
+def _stage(name: str, call: Callable[[], StageOutcome]) -> StageOutcome:
+    outcome = call()
+    create_markdown_artifact(key=f"ci-stage-{name}", description=f"{name}: {outcome.state}",
+                             markdown=f"**{name}**: {outcome.state} in {outcome.duration_s:.1f} s\n\n{outcome.summary}")
     if outcome.state != "passed":
         raise StageDidNotPass(outcome)
     return outcome
 
 
 def prefect_runner(holder: dict[str, Any]) -> Callable[[str, Callable[[], StageOutcome]], StageOutcome]:
-    """A runner for :func:`apiary.ci.pipeline.run_pipeline`: each stage a task run named after it."""
+    """A runner for :func:`apiary.ci.pipeline.run_pipeline`: each stage a task run named after it,
+    whose logs are the stage's (``holder["ctx"]``, the pipeline's context, logs to the task run's
+    logger while the stage runs). The context reaches the task only through a closure: as a task
+    parameter Prefect would walk (and could copy) it."""
 
     def run(name: str, call: Callable[[], StageOutcome]) -> StageOutcome:
-        state = _stage.with_options(name=name, task_run_name=name)(name, call, holder.get("ctx"), return_state=True)
+        ctx: CiContext | None = holder.get("ctx")
+
+        def logged() -> StageOutcome:
+            if ctx is None:
+                return call()
+            outer, ctx.log = ctx.log, get_run_logger()  # type: ignore[assignment]
+            try:
+                return call()
+            finally:
+                ctx.log = outer
+
+        state = _stage.with_options(name=name, task_run_name=name)(name, logged, return_state=True)
         if state.is_completed():
             return state.result()
         exc = state.result(raise_on_failure=False)
