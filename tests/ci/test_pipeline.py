@@ -139,6 +139,9 @@ def test_config_from_env(tmp_path):
                              "APIARY_API_URL": "http://x", "APIARY_TOKEN": "t", "APIARY_CI_PRODUCTION": str(target)})
     assert cfg.reduced and cfg.unit_paths == ("tests/a", "tests/b") and cfg.record_url == "http://x"
     assert cfg.production is not None and cfg.production.port == 8470 and cfg.production.agent_runtime == "docker"
+    assert cfg.ui_url is None
+    assert CiConfig.from_env({"PREFECT_API_URL": "http://127.0.0.1:4200/api"}).ui_url == "http://127.0.0.1:4200"
+    assert CiConfig.from_env({"PREFECT_API_URL": "http://h/api", "PREFECT_UI_URL": "http://ui"}).ui_url == "http://ui"
     with pytest.raises(ValidationError) as exc:
         CiConfig.from_env({"APIARY_CI_PROFILE": "fast"})
     assert exc.value.field == "APIARY_CI_PROFILE"

@@ -13,8 +13,8 @@ deploy flow rolls. What is faked: GitHub itself. The deliveries are GitHub's exa
 the webhook secret, and the commit statuses go to a local receiver.
 
 The reduced profile (``APIARY_CI_PROFILE=reduced``, documented in apiary.ci.config): the unit stage
-runs ``make lint test-fast`` over tests/spec and tests/lifecycle only, the chaos stage one
-experiment (gpu-faults); everything else is the full stage.
+runs ``make lint test-fast`` over tests/spec and tests/lifecycle only; every other stage is the same
+as in the full profile (the chaos stage runs one experiment, gpu-faults, in both).
 
 Three pull requests: (a) a good change passes every stage, and once pushed to main is deployed with
 a job running through the rollout; (b) a failing unit test fails at unit, builds no image and posts
@@ -25,8 +25,6 @@ forced to production is rolled back automatically. A forged delivery starts noth
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,6 +35,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from tests.support.builders import LAB6
+from tests.support.gitrepo import git, snapshot
 from tests.support.polling import until
 from tests.support.serving import serving
 
@@ -56,11 +55,6 @@ SECRET = "e2e-webhook-secret-" + uuid.uuid4().hex
 FIXTURES = REPO_ROOT / "tests" / "data" / "github"
 REPO_NAME = "apiary-e2e/apiary"
 PIPELINE_TIMEOUT_S = 1500.0
-
-
-def git(*args: str, cwd: Path) -> str:
-    return subprocess.run(["git", "-c", "user.name=dev", "-c", "user.email=dev@example.com", *args], cwd=cwd,
-                          check=True, capture_output=True, text=True).stdout.strip()
 
 
 @dataclass
@@ -89,22 +83,8 @@ class Repo:
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Repo:
     """This working tree's tracked files (as they are on disk) as the first commit of a
     repository, pushed to a bare one."""
-    root = tmp_path_factory.mktemp("ci-repo")
-    src = root / "src"
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached"], cwd=REPO_ROOT,
-                            check=True, capture_output=True).stdout.decode().split("\0")
-    for rel in filter(None, listed):
-        source = REPO_ROOT / rel
-        if source.is_file():
-            (src / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, src / rel)
-    git("init", "-q", "-b", "main", cwd=src)
-    git("add", "-A", cwd=src)
-    git("commit", "-q", "-m", "base", cwd=src)
-    bare = root / "origin.git"
-    git("clone", "-q", "--bare", str(src), str(bare), cwd=root)
-    git("remote", "add", "origin", str(bare), cwd=src)
-    return Repo(src, bare, git("rev-parse", "HEAD", cwd=src))
+    src, bare, sha = snapshot(tmp_path_factory.mktemp("ci-repo"))
+    return Repo(src, bare, sha)
 
 
 @pytest.fixture(scope="module")

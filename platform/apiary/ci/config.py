@@ -7,8 +7,8 @@ variable                           meaning (default)
                                    (a mirror, or the local bare repository in tests)
 ``APIARY_CI_REGISTRY``             registry ``host:port`` the images are pushed to (required
                                    by the image stage)
-``APIARY_CI_PROFILE``              ``full`` (``make lint test-fast``, every CI chaos experiment,
-                                   the quick benchmarks) or ``reduced`` (below) (``full``)
+``APIARY_CI_PROFILE``              ``full`` (``make lint test-fast`` whole) or ``reduced``
+                                   (only ``APIARY_CI_UNIT_PATHS``) (``full``)
 ``APIARY_CI_UNIT_PATHS``           reduced profile: the test paths the unit stage runs
 ``APIARY_CI_WORKDIR``              workspaces and staging homes (``~/.apiary/ci-work``)
 ``APIARY_CI_ARTIFACTS``            artifacts, one folder per flow run (``~/.apiary/ci-artifacts``)
@@ -24,7 +24,8 @@ variable                           meaning (default)
                                    (:class:`ProductionTarget`); unset: no deploy
 ``APIARY_CI_VENV``                 the virtualenv the unit and regression stages run with (this
                                    process's)
-``PREFECT_UI_URL``                 to build the status's ``target_url`` (the flow run's page)
+``PREFECT_UI_URL``                 to build the status's ``target_url`` (the flow run's page;
+                                   default: ``PREFECT_API_URL`` without ``/api``)
 =================================  ==========================================================
 """
 
@@ -43,10 +44,16 @@ from apiary.errors import ValidationError
 #: The reduced profile's unit tests: the pure core's suites (spec, lifecycle, scheduler), about a
 #: minute on 2 cores. The full profile runs `make test-fast` whole.
 REDUCED_UNIT_PATHS = ("tests/spec", "tests/lifecycle")
-#: The chaos experiments the pipeline runs (files in chaos/, tagged ``ci``, needing only the API:
-#: a containerised staging platform has no pids on this host to kill).
+#: The chaos experiments the pipeline runs, in both profiles (files in chaos/ tagged ``ci`` that need
+#: only the API: a containerised staging platform has no pids on this host to kill).
 CI_CHAOS = ("gpu-faults",)
-REDUCED_CHAOS = ("gpu-faults",)
+
+
+def _ui_from_api(env: dict[str, str]) -> str | None:
+    """The Prefect UI of ``PREFECT_API_URL`` (``http://h:4200/api`` -> ``http://h:4200``, where the
+    self-hosted server serves both), for the commit status's link when ``PREFECT_UI_URL`` is unset."""
+    api = env.get("PREFECT_API_URL", "").rstrip("/")
+    return api[: -len("/api")] if api.endswith("/api") else None
 
 
 @dataclass(frozen=True)
@@ -136,7 +143,7 @@ class CiConfig:
         production = e.get("APIARY_CI_PRODUCTION")
         return cls(
             repo_url=e.get("APIARY_CI_REPO_URL") or None, registry=e.get("APIARY_CI_REGISTRY") or None,
-            profile=profile, unit_paths=paths, chaos=REDUCED_CHAOS if profile == "reduced" else CI_CHAOS,
+            profile=profile, unit_paths=paths, chaos=CI_CHAOS,
             workdir=Path(e.get("APIARY_CI_WORKDIR") or home / "ci-work"),
             artifacts=Path(e.get("APIARY_CI_ARTIFACTS") or home / "ci-artifacts"),
             status_url=e.get("APIARY_CI_STATUS_URL") or None, status_token=e.get("APIARY_CI_STATUS_TOKEN") or None,
@@ -144,5 +151,5 @@ class CiConfig:
             record_url=e.get("APIARY_CI_RECORD_URL") or e.get("APIARY_API_URL") or None,
             record_token=e.get("APIARY_CI_RECORD_TOKEN") or e.get("APIARY_TOKEN") or None,
             production=ProductionTarget.load(Path(production)) if production else None,
-            venv=Path(e.get("APIARY_CI_VENV") or sys.prefix), ui_url=e.get("PREFECT_UI_URL") or None,
+            venv=Path(e.get("APIARY_CI_VENV") or sys.prefix), ui_url=e.get("PREFECT_UI_URL") or _ui_from_api(e),
         )
