@@ -13,34 +13,16 @@ issue): a PR pipeline <= 15 minutes (bench/thresholds.yaml ``ci.total_s``).
 from __future__ import annotations
 
 import shutil
-import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tests.support.gitrepo: the same snapshot as the end-to-end test
 
-
-def snapshot(root: Path) -> tuple[Path, str]:
-    """This working tree's tracked files (as they are on disk) committed into a new repository,
-    cloned bare to ``root/origin.git``; returns (bare, sha)."""
-    src = root / "src"
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached"], cwd=REPO,
-                            check=True, capture_output=True).stdout.decode().split("\0")
-    for rel in filter(None, listed):
-        if (REPO / rel).is_file():
-            (src / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / rel, src / rel)
-    git = ["git", "-c", "user.name=bench", "-c", "user.email=bench@example.com"]
-    subprocess.run([*git, "init", "-q", "-b", "main"], cwd=src, check=True)
-    subprocess.run([*git, "add", "-A"], cwd=src, check=True)
-    subprocess.run([*git, "commit", "-q", "-m", "bench"], cwd=src, check=True)
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, check=True, capture_output=True,
-                         text=True).stdout.strip()
-    bare = root / "origin.git"
-    subprocess.run(["git", "clone", "-q", "--bare", str(src), str(bare)], check=True)
-    return bare, sha
+from tests.support.gitrepo import snapshot  # noqa: E402
 
 
 def measure_pipeline(profile: str = "full") -> dict[str, Any]:
@@ -54,7 +36,7 @@ def measure_pipeline(profile: str = "full") -> dict[str, Any]:
     from apiary.tracking.prefect_server import free_port
 
     root = Path(tempfile.mkdtemp(prefix="apiary-bench-ci-"))
-    ensure_dockerd(root / "dockerd.log")
+    dockerd = ensure_dockerd(root / "dockerd.log")  # None when one was running already
     client = docker_client()
     try:
         client.images.get(BASE_IMAGE)
@@ -62,7 +44,7 @@ def measure_pipeline(profile: str = "full") -> dict[str, Any]:
         build_base(client)
     registry = Registry(root / "registry", free_port()).start(root / "registry.log")
     try:
-        bare, sha = snapshot(root)
+        _src, bare, sha = snapshot(root)
         config = CiConfig(repo_url=str(bare), registry=registry.address, profile=profile,
                           workdir=root / "work", artifacts=root / "artifacts")
         commit = Commit(repo="bench/apiary", clone_url=str(bare), sha=sha, ref="bench", pr_number=1)
@@ -71,6 +53,9 @@ def measure_pipeline(profile: str = "full") -> dict[str, Any]:
         total = time.monotonic() - t0
     finally:
         registry.stop()
+        if dockerd is not None:  # only a dockerd this benchmark started
+            dockerd.terminate()
+            dockerd.wait(30)
     out = {"stage_s": {o.name: round(o.duration_s, 1) for o in report.outcomes}, "total_s": round(total, 1),
            "result": report.result, "failed_stage": report.first_failure.name if report.first_failure else None,
            "profile": profile, "artifacts": str(root / "artifacts")}
