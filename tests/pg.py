@@ -69,8 +69,13 @@ def _tail(path: Path, n: int = 4000) -> str:
         return "(no log)"
 
 
-def start_postgres(tmpdir: str | os.PathLike | None = None) -> tuple[str, Callable[[], None]]:
-    """Start a private server; returns ``(url, stop)``.
+def start_postgres(tmpdir: str | os.PathLike | None = None, durable: bool = False) -> tuple[str, Callable[[], None]]:
+    """Start a private server; returns ``(url, stop)``. For speed it runs with ``fsync``,
+    ``synchronous_commit`` and ``full_page_writes`` off. ``durable=True`` keeps
+    ``synchronous_commit`` on: a test that kills the server with SIGKILL must not lose commits the
+    way ``synchronous_commit=off`` allows (up to ~3 x wal_writer_delay of them; PostgreSQL docs,
+    "Asynchronous Commit"), which a production server never does. fsync stays off: the OS
+    survives the kill, so its page cache keeps what was written.
 
     ``url`` is ``postgresql+psycopg://apiary:<password>@127.0.0.1:<port>/apiary`` (database ``apiary``
     exists, empty). ``stop()`` shuts the server down (fast mode) and removes its directory; it is
@@ -148,7 +153,8 @@ def start_postgres(tmpdir: str | os.PathLike | None = None) -> tuple[str, Callab
             with open(log, "wb") as logf:  # fresh per try: the bind check below reads it
                 proc = subprocess.Popen(
                     cmd(str(bindir / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(port),
-                        "-k", str(sockdir), "-c", "fsync=off", "-c", "synchronous_commit=off",
+                        "-k", str(sockdir), "-c", "fsync=off",
+                        "-c", f"synchronous_commit={'on' if durable else 'off'}",
                         "-c", "full_page_writes=off", "-c", "max_connections=50"),
                     cwd=base, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
                 )

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory):
     try:
-        url, stop_pg = start_postgres(tmp_path_factory.mktemp("postgres"))
+        url, stop_pg = start_postgres(tmp_path_factory.mktemp("postgres"), durable=True)
     except PostgresNotFound as e:
         if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
             pytest.fail(f"CI=true but PostgreSQL is not installed: {e}", pytrace=False)
