@@ -247,7 +247,8 @@ def test_good_change_passes_every_stage_and_deploys_with_a_job_surviving(ci, rep
     assert run_a["result"] == "success", run_a
     assert all(state == "passed" for state in stage_states(run_a).values()), run_a["stages"]
     # In the Prefect UI each stage is a task run of the pipeline's flow run, named after the stage.
-    assert set(STAGE_NAMES) <= task_run_names(prefect, run_a["flowRunId"])
+    # (Prefect 3 clients report task runs to the server asynchronously: poll, with a deadline.)
+    until(lambda: set(STAGE_NAMES) <= task_run_names(prefect, run_a["flowRunId"]), 60, "the stages' task runs")
     assert statuses_for(statuses[1], sha) == ["pending", "success"]
     final = next(s for s in statuses[1] if s["sha"] == sha and s["state"] == "success")
     assert final["context"] == "apiary/platform-ci" and run_a["flowRunId"] in final["target_url"]
@@ -268,7 +269,8 @@ def test_good_change_passes_every_stage_and_deploys_with_a_job_surviving(ci, rep
     deployment = until(lambda: next((d for d in ci.admin.deployments(limit=20)  # type: ignore[attr-defined]
                                      if d["sha"] == sha), None), 900, "the deployment of (a)", poll_s=2.0)
     assert deployment["result"] == "succeeded", deployment
-    assert {"control-plane", "agent", "bridge", "canary"} <= task_run_names(prefect, deployment["flowRunId"])
+    until(lambda: {"control-plane", "agent", "bridge", "canary"} <= task_run_names(prefect, deployment["flowRunId"]),
+          60, "the rollout steps' task runs")
     assert [s["component"] for s in deployment["steps"] if s["ok"]][:3] == ["control-plane", "agent", "bridge"]
     assert prod.current_images()["control-plane"].endswith(f":{sha[:12]}")
     final_job = client.wait(job["id"], timeout=300, poll_s=1.0)
