@@ -70,6 +70,13 @@ class Settings(BaseSettings):
     max_instances: int = Field(default=1000, description="Most task instances one job may have (all roles).")
     rate_calls: str = Field(default="600/minute", description="API calls per user (limits notation; OpenPAI's).")
     rate_submits: str = Field(default="3600/hour", description="Job submissions per user (limits notation).")
+    oncall: Path | None = Field(
+        default=None, description="Incident response config (schedules, policies, routing, channels, rules); "
+                                  "default home/oncall.yaml if present (apiary.response.config).")
+    prometheus_url: str | None = Field(
+        default=None, description="Prometheus the incidents' evidence queries go to (apiary up --monitoring sets it).")
+    public_url: str | None = Field(
+        default=None, description="The API's URL as people reach it: the base of signed incident links.")
     github_webhook_secret: SecretStr | None = Field(
         default=None,
         description="GitHub webhook secret (POST /api/v2/ci/webhooks/github); unset: the intake accepts nothing.",

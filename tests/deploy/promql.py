@@ -73,6 +73,15 @@ CONTROL_PLANE_METRICS = {
     "apiary_deploy_rollbacks_total",
     "apiary_deploy_duration_seconds",
     "apiary_deploy_last_success_timestamp_seconds",
+    # incidents (apiary.incidents.stats over the stored incidents; apiary.monitoring.incident_metrics)
+    "apiary_incidents_open",
+    "apiary_incident_mtta_seconds",
+    "apiary_incident_mttm_seconds",
+    "apiary_incident_mttr_seconds",
+    "apiary_incident_sla_breaches_total",
+    "apiary_incidents_total",
+    "apiary_incident_notifications_total",
+    "apiary_incident_escalations_total",
 }
 PROMETHEUS_METRICS = {"up"}
 KNOWN_METRICS = DCGM_METRICS | NODE_METRICS | CONTROL_PLANE_METRICS | PROMETHEUS_METRICS

@@ -65,7 +65,7 @@ def _strings(obj) -> Iterator[str]:
 
 
 def test_dashboards_exist() -> None:
-    assert {p.stem for p in DASHBOARDS} == {"apiary-cluster", "apiary-node-gpu", "apiary-job"}
+    assert {p.stem for p in DASHBOARDS} == {"apiary-cluster", "apiary-node-gpu", "apiary-job", "incidents"}
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)

@@ -45,7 +45,8 @@ def _run(cmd: list[str], cwd: Path = PROMETHEUS_DIR) -> subprocess.CompletedProc
 
 
 def test_rule_files_exist() -> None:
-    assert [p.name for p in RULE_FILES] == ["ci.yml", "drills.yml", "gpu.yml", "jobs.yml", "node.yml", "services.yml"]
+    assert [p.name for p in RULE_FILES] == [
+        "ci.yml", "drills.yml", "gpu.yml", "incidents.yml", "jobs.yml", "node.yml", "services.yml"]
     assert TEST_FILES, "no promtool unit tests in deploy/prometheus/tests"
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -48,8 +49,14 @@ from apiary.control import ControlPlane
 from apiary.drills.board import DrillBoard
 from apiary.errors import ApiaryError, NotFoundError, PlatformError, UnauthorizedError, UserError, ValidationError
 from apiary.monitoring.ci_metrics import CiCollector
+from apiary.monitoring.incident_metrics import IncidentCollector
 from apiary.monitoring.platform_metrics import PlatformCollector
 from apiary.ops.alerts import ActionsConfig, AlertReceiver
+from apiary.response.config import ResponseConfig
+from apiary.response.links import LinkSigner
+from apiary.response.reports import metrics_snapshot
+from apiary.response.service import IncidentService
+from apiary.response.store import IncidentStore
 from apiary.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -58,7 +65,7 @@ logger = logging.getLogger(__name__)
 def create_app(
     plane: ControlPlane, receiver: AlertReceiver | None = None, *, cluster_id: str | None = None,
     directory: Directory | None = None, settings: Settings | None = None, drills: DrillBoard | None = None,
-    ci: WebhookIntake | None = None,
+    ci: WebhookIntake | None = None, incidents: IncidentService | None = None,
 ) -> FastAPI:
     """The app over ``plane``; ``receiver`` handles Alertmanager's webhook (default: the
     packaged actions config, or ``APIARY_ALERT_ACTIONS``); ``cluster_id`` is the platform's identity
@@ -91,6 +98,9 @@ def create_app(
     app.state.ci = ci or WebhookIntake(
         plane.sessions, PrefectStarter(settings.ci_pr_deployment, settings.ci_deploy_deployment),
         settings.github_webhook_secret.get_secret_value() if settings.github_webhook_secret else None)
+    if incidents is None:  # no escalation worker: incidents are recorded and mitigated, nobody is paged
+        incidents = default_incidents(plane, settings)
+    app.state.incidents = incidents
     app.state.limiter = RateLimiter(settings.rate_calls, settings.rate_submits)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
 
@@ -137,6 +147,7 @@ def create_app(
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PlatformCollector(lambda: {**plane.metrics_snapshot(), **drills.snapshot()}))
     registry.register(CiCollector(CiRecords(plane.sessions).metrics_snapshot))  # CI runs, deployments: the store's
+    registry.register(IncidentCollector(lambda: metrics_snapshot(incidents)))  # incidents: the store's
 
     @app.get(
         "/metrics",
@@ -170,6 +181,15 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to extend the document
     return app
+
+
+def default_incidents(plane: ControlPlane, settings: Settings) -> IncidentService:
+    """An incident service over ``plane``'s store with ``settings``' on-call file, signing links
+    with a secret of its own (``apiary.control.server`` passes the real one, with its worker)."""
+    service = IncidentService(IncidentStore(plane.sessions), ResponseConfig.load(settings.oncall), plane=plane,
+                              prometheus_url=settings.prometheus_url)
+    service.signer = LinkSigner(secrets.token_urlsafe(32), settings.public_url or "http://127.0.0.1:8470")
+    return service
 
 
 def _field_path(loc: tuple[int | str, ...]) -> str:

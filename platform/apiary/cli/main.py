@@ -23,6 +23,7 @@ from apiary.cli.ci import ci_app
 from apiary.cli.deploy import deploy_app
 from apiary.cli.identity import add_identity_commands
 from apiary.cli.image import image_app
+from apiary.cli.incident import incident_app, oncall_command
 from apiary.cli.load import load_app
 from apiary.cli.rollout import add_rollout_commands
 from apiary.cli.sim import sim_app
@@ -44,6 +45,8 @@ app.add_typer(image_app, name="image")
 app.add_typer(chaos_app, name="chaos")
 app.add_typer(load_app, name="load")
 app.add_typer(ci_app, name="ci")
+app.add_typer(incident_app, name="incident")
+app.command("oncall")(oncall_command)
 add_identity_commands(app, lambda token=None: _client(token), lambda e: _fail(e))
 console = Console()
 err = Console(stderr=True)

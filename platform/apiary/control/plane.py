@@ -919,6 +919,54 @@ class ControlPlane:
             w.commit("cordon")
         return next(n for n in self.list_nodes() if n["name"] == node)
 
+    def jobs_on_node(self, node: str) -> list[str]:
+        """Ids of the jobs with a live task on ``node``, in arrival order. Raises NotFoundError."""
+        self._known_node(node)
+        with self._sessions() as s:
+            return list(dict.fromkeys(s.scalars(
+                select(Task.job_id).join(Job, Job.id == Task.job_id)
+                .where(Task.node == node, Task.state.in_(ACTIVE_TASK_STATES))
+                .order_by(Job.submission_time, Job.submit_seq))))
+
+    def drain(self, node: str, reason: str | None = None) -> list[str]:
+        """``kubectl drain``: cordon ``node`` and stop its jobs' runs there; each such job's attempt
+        ends as if the node were lost (exit -1001 PodNodeLost, a platform failure that is always
+        retried), so it is re-placed elsewhere as a platform retry and loses no user retry. The
+        agent stops the runs (they leave the node's assignments). Returns the jobs moved. Durable,
+        idempotent (a drained node has nothing left to move). Raises NotFoundError."""
+        self.cordon(node, True)
+        with self._lock, self._sessions() as s:
+            w = self._work(s)
+            job_ids = list(dict.fromkeys(s.scalars(
+                select(Task.job_id).join(Job, Job.id == Task.job_id)
+                .where(Task.node == node, Task.state.in_(ACTIVE_TASK_STATES))
+                .order_by(Job.submission_time, Job.submit_seq))))
+            for job_id in job_ids:
+                w.step(job_id, NodeLost(node, reason or f"Node {node} was drained."))
+            w.wake = True
+            if w.ops or job_ids:
+                w.commit("drain")
+        logger.info("node=%s drained jobs=%s", node, job_ids)
+        return job_ids
+
+    def untag_job(self, job_id: str, tag: str) -> dict:
+        """Remove ``tag`` from the job's tags (the undo of :meth:`tag_job`). Idempotent."""
+        with self._lock, self._sessions() as s, store_errors("untag job"):
+            job = self._get_job(s, job_id)
+            if tag in (job.tags or []):
+                job.tags = [t for t in (job.tags or []) if t != tag]
+                s.add(Event(time=self._clock(), job_id=job_id, type="job.untagged", data={"tag": tag}))
+                s.commit()
+            return job_json(s, job)
+
+    def node_events(self, node: str, limit: int = 10) -> list[dict]:
+        """The newest ``limit`` events of the jobs with tasks on ``node`` (any attempt), newest first:
+        an incident's evidence."""
+        with self._sessions() as s:
+            job_ids = select(Task.job_id).where(Task.node == node).distinct()
+            rows = s.scalars(select(Event).where(Event.job_id.in_(job_ids)).order_by(Event.seq.desc()).limit(limit))
+            return [{"seq": e.seq, "time": e.time, "jobId": e.job_id, "type": e.type} for e in rows]
+
     def assignments(self, node: str) -> list[dict]:
         """The task runs ``node`` should be running now, with everything needed to launch them.
 

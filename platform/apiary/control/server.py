@@ -14,6 +14,7 @@ from apiary.control.config import check_cluster_config
 from apiary.control.loop import SchedulingLoop
 from apiary.control.plane import ControlPlane
 from apiary.drills.board import DrillBoard
+from apiary.response import runtime as response
 from apiary.settings import Settings, ensure_cluster_id
 from apiary.store import make_engine, migrate, session_factory
 
@@ -47,15 +48,22 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8470) -> None
     gcpolicy.install()
     loop = SchedulingLoop(plane, tick_s=settings.tick_s)
     loop.start()
+    # Incident response: its escalation deadlines are in the store, so the worker picks up the
+    # waits a killed control plane left behind.
+    incidents, escalator = response.build(
+        plane, settings.home_dir, config_path=settings.oncall, public_url=settings.public_url or f"http://{host}:{port}",
+        prometheus_url=settings.prometheus_url)
+    escalator.start()
     settings.run_dir.mkdir(parents=True, exist_ok=True)
     (settings.run_dir / "control-plane.pid").write_text(str(os.getpid()))
     logger.info("control plane listening on http://%s:%d", host, port)
     try:
         uvicorn.run(
             create_app(plane, cluster_id=cluster_id, directory=directory, settings=settings,
-                       drills=DrillBoard(settings.home_dir / "drills.json")),
+                       drills=DrillBoard(settings.home_dir / "drills.json"), incidents=incidents),
             host=host, port=port, log_level="warning", access_log=False,
             timeout_graceful_shutdown=2,  # agents' long polls must not hold a restart
         )
     finally:
+        escalator.stop()
         loop.stop()

@@ -42,6 +42,8 @@ from apiary.incidents.model import (
     deadlines,
     severity_for_alert,
 )
+from apiary.incidents.postmortem import ActionItem, Postmortem, draft, parse_action_items
+from apiary.incidents.quality import Firing, QualityReport, RuleQuality, quality_report, report_markdown
 from apiary.incidents.triage import (
     Classification,
     FailureClass,
@@ -55,6 +57,15 @@ from apiary.incidents.triage import (
 )
 
 __all__ = [
+    "ActionItem",
+    "Firing",
+    "Postmortem",
+    "QualityReport",
+    "RuleQuality",
+    "draft",
+    "parse_action_items",
+    "quality_report",
+    "report_markdown",
     "ALERT_SEVERITY_TO_SEVERITY",
     "DEFAULT_SLA",
     "ENTRY_KINDS",

@@ -293,9 +293,12 @@ class RunReported(NamedTuple):
 
 
 class NodeLost(NamedTuple):
-    """``node`` stopped heart-beating: its runs of this job are gone."""
+    """``node`` stopped heart-beating: its runs of this job are gone. Also a drain (an operator or
+    a triage rule takes the node out: its runs are stopped and re-placed as platform retries, the
+    way a lost node's are); ``reason`` then says so instead of "Node X was lost."."""
 
     node: str
+    reason: str | None = None
 
 
 Input: TypeAlias = Placed | Waiting | Preempted | Downgraded | Reconfigured | StopRequested | RunReported | NodeLost
@@ -647,7 +650,7 @@ class _Step:
         self.stop_attempt("reconfigured")
         self.maybe_finish_attempt()
 
-    def node_lost(self, node: str) -> None:
+    def node_lost(self, node: str, reason: str | None = None) -> None:
         job = self.job
         lost = sorted((t for t in job.tasks.values() if t.node == node and t.state in ACTIVE_TASK_STATES),
                       key=lambda t: t.key)
@@ -658,7 +661,7 @@ class _Step:
             if attempt.outcome is None:
                 attempt.outcome = AttemptOutcome.NODE_LOST
                 attempt.exit_code = EXIT_NODE_LOST
-                attempt.reason = f"Node {node} was lost."
+                attempt.reason = reason or f"Node {node} was lost."
             # The run is gone with its node; record it failed so the attempt can end.
             if t.state is TaskState.STARTING:
                 self.set_task_state(t, TaskState.RUNNING)
@@ -732,7 +735,7 @@ _HANDLERS: dict[type, Callable[[_Step, Any], None]] = {
     Placed: _Step.placed,
     Waiting: lambda s, i: s.set_waiting_reason(i.reason),
     Preempted: lambda s, i: s.preempted(i.by),
-    NodeLost: lambda s, i: s.node_lost(i.node),
+    NodeLost: lambda s, i: s.node_lost(i.node, i.reason),
     StopRequested: lambda s, i: s.stop(),
     Downgraded: lambda s, i: s.event(
         "job.downgraded", by=i.by, reason=f"Downgraded to opportunistic by {i.by} (lazy preemption)."),

@@ -67,11 +67,24 @@ class Target(OncallModel):
 class Tier(OncallModel):
     """One escalation level. ``level``: 1..n, in order. ``targets``: at least one. ``delay_min``:
     minutes (whole, at least 1, as in PagerDuty) to wait for an acknowledgement before paging the
-    next tier (or, after the last tier, before the next loop)."""
+    next tier (or, after the last tier, before the next loop). ``delay_s``: the same in seconds
+    (at least 1), for drills and tests that cannot wait minutes; give exactly one of the two."""
 
     level: int = Field(ge=1)
     targets: tuple[Target, ...] = Field(min_length=1)
-    delay_min: int = Field(ge=1, le=7 * 24 * 60)
+    delay_min: int | None = Field(default=None, ge=1, le=7 * 24 * 60)
+    delay_s: int | None = Field(default=None, ge=1, le=7 * 24 * 3600)
+
+    @model_validator(mode="after")
+    def _one_delay(self) -> Tier:
+        if (self.delay_min is None) == (self.delay_s is None):
+            raise FieldError("delay_min", "give exactly one of delay_min or delay_s")
+        return self
+
+    @property
+    def delay(self) -> timedelta:
+        """The wait before the next tier."""
+        return timedelta(minutes=self.delay_min) if self.delay_min is not None else timedelta(seconds=self.delay_s or 0)
 
 
 class Policy(OncallModel):
@@ -83,9 +96,19 @@ class Policy(OncallModel):
     tiers: tuple[Tier, ...] = Field(min_length=1)
     loops: int = Field(default=0, ge=0, le=MAX_LOOPS)
     ack_timeout_min: int | None = Field(default=None, ge=1)
+    ack_timeout_s: int | None = Field(default=None, ge=1)
+
+    @property
+    def ack_timeout(self) -> timedelta | None:
+        """``ack_timeout_min`` (or ``ack_timeout_s``, for drills and tests) as a duration; None: never."""
+        if self.ack_timeout_min is not None:
+            return timedelta(minutes=self.ack_timeout_min)
+        return None if self.ack_timeout_s is None else timedelta(seconds=self.ack_timeout_s)
 
     @model_validator(mode="after")
     def _check(self) -> Policy:
+        if self.ack_timeout_min is not None and self.ack_timeout_s is not None:
+            raise FieldError("ack_timeout_min", "give at most one of ack_timeout_min or ack_timeout_s")
         for i, tier in enumerate(self.tiers):
             if tier.level != i + 1:
                 raise FieldError(
@@ -114,7 +137,7 @@ def escalation_plan(policy: Policy, triggered_at: datetime) -> list[Page]:
     for loop in range(policy.loops + 1):
         for tier in policy.tiers:
             pages.append(Page(at=at, tier=tier.level, targets=tier.targets, loop=loop))
-            at += timedelta(minutes=tier.delay_min)
+            at += tier.delay
     return pages
 
 
@@ -143,9 +166,10 @@ def next_page(policy: Policy, triggered_at: datetime, acknowledged_at: datetime 
             raise ValueError(f"acknowledged_at {ack.isoformat()} is before triggered_at {trig.isoformat()}")
         if ack > t:
             raise ValueError(f"acknowledged_at {ack.isoformat()} is after now {t.isoformat()}")
-        if policy.ack_timeout_min is None:
+        timeout = policy.ack_timeout
+        if timeout is None:
             return None
-        start = ack + timedelta(minutes=policy.ack_timeout_min)
+        start = ack + timeout
     return next((p for p in escalation_plan(policy, start) if p.at >= t), None)
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo
 
 from pydantic import BeforeValidator, Field, model_validator
@@ -109,11 +109,14 @@ SeverityName = Annotated[Severity, BeforeValidator(Severity.parse)]
 
 class Rule(OncallModel):
     """Alerts of ``severities`` at times matching ``when`` go to ``channels``, in that order.
-    Both lists are non-empty without repeats."""
+    Both lists are non-empty without repeats. ``notify``: ``first`` (default) delivers on the
+    first channel that works, the rest being fallbacks; ``all`` delivers on every channel (a page
+    by email and IM at once), each failed one falling back to the channels after it."""
 
     severities: tuple[SeverityName, ...] = Field(min_length=1)
     when: When = When.ALWAYS
     channels: tuple[Channel, ...] = Field(min_length=1)
+    notify: Literal["first", "all"] = "first"
 
     @model_validator(mode="after")
     def _check(self) -> Rule:
@@ -166,6 +169,16 @@ class Routing(OncallModel):
     def route(self, severity: Severity, at: datetime) -> list[str]:
         """:func:`route` with this table."""
         return route(self.rules, self.working_hours, severity, at)
+
+
+def match_rule(rules: Sequence[Rule], working_hours: WorkingHours, severity: Severity, at: datetime) -> Rule:
+    """The first rule for ``severity`` at ``at`` (aware). Raises ValueError as :func:`route` does."""
+    in_hours = working_hours.contains(at)
+    for rule in rules:
+        if rule.matches(severity, in_hours):
+            return rule
+    label = "in hours" if in_hours else "out of hours"
+    raise ValueError(f"no routing rule for {severity.value} {label}")
 
 
 def route(rules: Sequence[Rule], working_hours: WorkingHours, severity: Severity, at: datetime) -> list[str]:

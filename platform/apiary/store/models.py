@@ -341,3 +341,89 @@ class Deployment(Base):
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     steps: Mapped[list] = mapped_column(JSON)
     flow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True, unique=True)
+
+
+class IncidentRow(Base):
+    """One incident (issue 14; the pure model is :class:`apiary.incidents.Incident`). Its state is
+    the last entry of ``incident_entries``; ``links`` (``{"nodes", "jobs", "users",
+    "virtualClusters", "gpuHoursLost"}``) and ``fingerprints`` are the merged values. ``verdict``:
+    the responder's ``actionable`` / ``noise`` at resolve (alert quality). ``postmortem``: the
+    Markdown draft (Sev1/Sev2 at resolve), edited by people. ``policy``: the escalation policy."""
+
+    __tablename__ = "incidents"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    title: Mapped[str] = mapped_column(String(500))
+    severity: Mapped[str] = mapped_column(String(8))
+    dedup_key: Mapped[str] = mapped_column(String(255), index=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    opened_at: Mapped[float] = mapped_column(Float, index=True)
+    updated_at: Mapped[float] = mapped_column(Float)
+    policy: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    links: Mapped[dict] = mapped_column(JSON)
+    fingerprints: Mapped[list] = mapped_column(JSON)
+    verdict: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    postmortem: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class IncidentEntry(Base):
+    """One entry of an incident's append-only timeline, ``seq`` 0, 1, ... (never updated or deleted)."""
+
+    __tablename__ = "incident_entries"
+    __table_args__ = (UniqueConstraint("incident_id", "seq"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    incident_id: Mapped[int] = mapped_column(ForeignKey("incidents.id"), index=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    at: Mapped[float] = mapped_column(Float)
+    actor: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(32))
+    event: Mapped[str] = mapped_column(String(32))
+    from_state: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    to_state: Mapped[str] = mapped_column(String(16))
+    detail: Mapped[dict] = mapped_column(JSON)
+
+
+class Escalation(Base):
+    """The durable escalation of one incident: the facts :func:`apiary.oncall.next_page` needs
+    (``policy``, ``started_at`` the episode's trigger, ``acknowledged_at``) and the next page's
+    deadline ``next_at`` (unix seconds; None: nothing more to page). The escalation worker pages
+    every row whose ``next_at`` has passed, so a restarted control plane pages late, never never."""
+
+    __tablename__ = "escalations"
+
+    incident_id: Mapped[int] = mapped_column(ForeignKey("incidents.id"), primary_key=True)
+    policy: Mapped[str] = mapped_column(String(100))
+    started_at: Mapped[float] = mapped_column(Float)
+    acknowledged_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    next_at: Mapped[float | None] = mapped_column(Float, nullable=True, index=True)
+    pages_sent: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Notification(Base):
+    """One delivery attempt of an incident notification (``ok`` or not, with the provider's answer)."""
+
+    __tablename__ = "incident_notifications"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    incident_id: Mapped[int] = mapped_column(ForeignKey("incidents.id"), index=True)
+    at: Mapped[float] = mapped_column(Float)
+    channel: Mapped[str] = mapped_column(String(32))
+    recipient: Mapped[str] = mapped_column(String(200))
+    attempt: Mapped[int] = mapped_column(Integer)
+    ok: Mapped[bool] = mapped_column(Boolean)
+    detail: Mapped[str] = mapped_column(Text)
+
+
+class ActionItem(Base):
+    """A postmortem action item, tracked until ``done`` (parsed from the postmortem's table)."""
+
+    __tablename__ = "incident_action_items"
+    __table_args__ = (UniqueConstraint("incident_id", "key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    incident_id: Mapped[int] = mapped_column(ForeignKey("incidents.id"), index=True)
+    key: Mapped[str] = mapped_column(String(32))
+    text: Mapped[str] = mapped_column(Text)
+    owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    status: Mapped[str] = mapped_column(String(16))

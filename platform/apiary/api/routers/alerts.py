@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 
 from apiary.api.auth import Admin, Caller
 from apiary.api.deps import Receiver
@@ -21,7 +21,7 @@ class AlertmanagerWebhook(AlertmanagerPayload, RequestBody):
 
 @router.post("/webhook", response_model=WebhookResult)
 def alert_webhook(
-    payload: AlertmanagerWebhook, receiver: Receiver, caller: Caller,
+    payload: AlertmanagerWebhook, receiver: Receiver, caller: Caller, request: Request,
     action: list[str] = Query(default=[], max_length=20),
 ) -> dict:
     """Alertmanager's webhook (version 4), with the Alertmanager service token (or an admin's).
@@ -31,7 +31,11 @@ def alert_webhook(
         raise ForbiddenError(f"Only Alertmanager and admins may post alerts; you are {caller.describe()}.")
     if action and not caller.admin:
         raise ForbiddenError("Only admins may choose the actions (?action=); Alertmanager's run the actions config.")
-    return {"actions": receiver.receive(payload, action or None)}
+    actions = receiver.receive(payload, action or None)
+    incidents = getattr(request.app.state, "incidents", None)
+    if incidents is not None:  # the group opens or joins an incident (apiary.response)
+        incidents.ingest_alertmanager(payload.model_dump())
+    return {"actions": actions}
 
 
 @router.get("", response_model=AlertsPage)

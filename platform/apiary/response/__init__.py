@@ -1,0 +1,1 @@
+"""Incident response: notification channels and their delivery (issue 14)."""
