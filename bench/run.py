@@ -23,6 +23,7 @@ could not run. See bench/README.md.
     .venv/bin/python bench/run.py --only prefect [--prefect-sqlite] [--prefect-profile]
     .venv/bin/python bench/run.py --only load                       # steady load profile (Locust), 50 people
     .venv/bin/python bench/run.py --only ci                         # one full platform-ci pipeline, per stage
+    .venv/bin/python bench/run.py --only aiops                      # failure prediction on held-out drill runs
 """
 
 from __future__ import annotations
@@ -60,9 +61,10 @@ API = ("api.submit", "api.hostile")
 RUNTIME = ("runtime.docker_start",)
 LOAD = ("load.steady",)
 CI = ("ci.pipeline",)
-BENCHMARKS = ("scheduler", "replay", *LIFECYCLE, *API, *RUNTIME, *MONITORING, *PREFECT, *LOAD, *CI)
+AIOPS = ("aiops.failure_prediction",)
+BENCHMARKS = ("scheduler", "replay", *LIFECYCLE, *API, *RUNTIME, *MONITORING, *PREFECT, *LOAD, *CI, *AIOPS)
 GROUPS = {"lifecycle": LIFECYCLE, "api": API, "runtime": RUNTIME, "monitoring": MONITORING, "prefect": PREFECT,
-          "load": LOAD, "ci": CI}
+          "load": LOAD, "ci": CI, "aiops": AIOPS}
 ONLY_CHOICES = (*BENCHMARKS, *GROUPS)  # a family name = every benchmark of that family
 PREFECT_RATE, PREFECT_DURATION_S, PREFECT_BURST = 20.0, 60.0, 1000
 QUICK_PREFECT_DURATION_S, QUICK_PREFECT_BURST = 10.0, 100
@@ -272,6 +274,10 @@ def write_results(out: Path, section: dict, replace: bool, name: str = "lifecycl
         import ci_pipeline
 
         merged["method"] = ci_pipeline.method(merged)
+    elif name == "aiops":
+        import aiops
+
+        merged["method"] = aiops.method(merged)
     elif name == "prefect":
         import prefect_lag
 
@@ -456,6 +462,30 @@ def run_api(which: set[str], quick: bool, errors: list[str]) -> dict:
                 print(f"api.hostile: {e}", file=sys.stderr, flush=True)
             else:
                 traceback.print_exc()
+    return section
+
+
+def run_aiops(which: set[str], quick: bool, errors: list[str]) -> dict:
+    """``aiops`` (bench/aiops.py): node-failure prediction on held-out drill runs (24 + 64 runs;
+    8 + 8 with --quick); a failed run is added to ``errors`` and leaves its keys out."""
+    section: dict = {}
+    if "aiops.failure_prediction" not in which:
+        return section
+    import aiops
+
+    try:
+        section.update(aiops.measure(quick))
+        print(
+            f"aiops: precision={section['precision']} recall={section['recall']} (with precursors "
+            f"{section['recall_with_precursors']}) lead_time median={section['lead_time_s']:g} s "
+            f"({section['lead_time_intervals']} drill intervals) tp={section['tp']} fp={section['fp']} "
+            f"fn={section['fn']} ({section['fn_sudden']} sudden) over {section['runs']} held-out runs, "
+            f"{section['wall_s']} s",
+            flush=True,
+        )
+    except Exception:
+        errors.append("aiops.failure_prediction")
+        traceback.print_exc()
     return section
 
 
@@ -725,6 +755,11 @@ def main(argv: list[str] | None = None) -> int:
         stamp(ld, args.quick)
         written["load"] = ld
         write_results(args.out, ld, replace=True, name="load")
+    ai = run_aiops(which, args.quick, errors)
+    if ai:
+        stamp(ai, args.quick)
+        written["aiops"] = ai
+        write_results(args.out, ai, replace=True, name="aiops")
     if written:
         print(f"wrote {', '.join(written)} to {args.out}", flush=True)
 

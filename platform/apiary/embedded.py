@@ -130,6 +130,7 @@ class Embedded:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ports: set[int] = set()
+        self._monitoring_ports: tuple[int, int] | None = None  # Prometheus, Alertmanager
 
     def _port(self) -> int:
         """A free port this platform has not handed to another of its children (the OS may
@@ -192,6 +193,10 @@ class Embedded:
             # runs there (PREFECT_API_URL), which it could not do with a server started after it.
             api = self._start_prefect_server(base)
             cp_env = {**base, **prefect_env(self.home / "prefect", api, self.prefect_auth_string)}
+        if self.monitoring:
+            # Ports fixed before the control plane starts: incidents query Prometheus for evidence.
+            self._monitoring_ports = (self._port(), self._port())
+            cp_env = {**cp_env, "APIARY_PROMETHEUS_URL": f"http://127.0.0.1:{self._monitoring_ports[0]}"}
         self.children["control-plane"] = Child(
             "control-plane", self._cli("control-plane", "--port", str(self.api_port)), cp_env,
             logs / "control-plane.log",
@@ -258,7 +263,7 @@ class Embedded:
                            "(apt-get install prometheus prometheus-alertmanager); running without them")
             return
         out = self.home / "monitoring"
-        prom_port, am_port = self._port(), self._port()
+        prom_port, am_port = self._monitoring_ports or (self._port(), self._port())
         prom_cfg = stack.render_prometheus(out, control_plane=f"127.0.0.1:{self.api_port}",
                                            alertmanager=f"127.0.0.1:{am_port}", interval_s=self.monitoring_interval_s)
         stack.write_targets(out / "targets" / "nodes.json",

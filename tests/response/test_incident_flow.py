@@ -210,3 +210,19 @@ def test_a_resolved_alert_resolves_and_a_refire_within_the_window_reopens(world)
     assert again == {"incident": iid, "action": "reopen", "reason": again["reason"]}
     assert world.service.store.get(iid).state.value == "triggered"
     assert world.service.store.escalation(iid)["nextAt"] == pytest.approx(h.clock())
+
+
+def test_a_failure_prediction_opens_a_sev4_warning_with_its_evidence(world):
+    from apiary.aiops import Finding, finding_to_event
+
+    finding = Finding(rule="node-failure", subject="hostname-carol", kind="node", t=world.h.clock(), score=0.93,
+                      summary="hostname-carol is likely to fail within 2 h",
+                      evidence={"ecc_sbe_rate": 41.0, "xid_events": 2})
+    out = world.service.ingest_event(finding_to_event(finding), actor="aiops")
+    assert out["action"] == "open"
+    incident = world.service.store.get(out["incident"])
+    assert incident.severity.value == "sev4" and incident.links.nodes == ("hostname-carol",)
+    assert incident.timeline[0].detail["evidence"]["ecc_sbe_rate"] == 41.0
+    # The same prediction again is the same problem (its dedup key): no second incident.
+    again = world.service.ingest_event(finding_to_event(finding), actor="aiops")
+    assert again["incident"] == out["incident"] and again["action"] == "attach"

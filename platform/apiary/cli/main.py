@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Column, Table
 
+from apiary.cli.aiops import aiops_app
 from apiary.cli.chaos import chaos_app
 from apiary.cli.ci import ci_app
 from apiary.cli.deploy import deploy_app
@@ -46,6 +47,7 @@ app.add_typer(chaos_app, name="chaos")
 app.add_typer(load_app, name="load")
 app.add_typer(ci_app, name="ci")
 app.add_typer(incident_app, name="incident")
+app.add_typer(aiops_app, name="aiops")
 app.command("oncall")(oncall_command)
 add_identity_commands(app, lambda token=None: _client(token), lambda e: _fail(e))
 console = Console()

@@ -97,8 +97,12 @@ class EscalationWorker:
     """Start with :meth:`start`, stop with :meth:`stop`. :meth:`tick` does one pass (tests call it)."""
 
     def __init__(self, service: IncidentService, pager: Pager, *, poll_s: float = 0.5,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 periodic: tuple[float, Callable[[], object]] | None = None) -> None:
+        """``periodic``: ``(every_s, fn)`` run between passes at most every ``every_s`` (the job
+        triage); its failures are logged."""
         self.service, self.pager, self.poll_s, self.clock = service, pager, poll_s, clock
+        self.periodic, self._periodic_at = periodic, 0.0
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="escalation-worker", daemon=True)
@@ -116,6 +120,9 @@ class EscalationWorker:
         while not self._stop.is_set():
             try:
                 self.tick()
+                if self.periodic is not None and time.monotonic() >= self._periodic_at:
+                    self._periodic_at = time.monotonic() + self.periodic[0]
+                    self.periodic[1]()
                 nxt = self.service.store.next_deadline()
             except Exception:  # keep escalating: a store hiccup must not end the thread
                 logger.exception("escalation pass failed")

@@ -15,6 +15,7 @@ from apiary.response.escalator import EscalationWorker, Pager, contacts
 from apiary.response.links import LinkSigner, load_secret
 from apiary.response.service import IncidentService
 from apiary.response.store import IncidentStore
+from apiary.response.triage import JobTriage
 from apiary.store.models import User
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,9 @@ def build(plane, home: Path, *, config_path: Path | None, public_url: str, prome
     signer = LinkSigner(load_secret(home / "credentials" / "incident-links.key"),
                         config.incidents.public_url or public_url, config.incidents.link_ttl_s)
     service.signer = signer
-    worker = EscalationWorker(service, Pager(service, dispatcher, lookup, signer), poll_s=poll_s)
+    triage = JobTriage(service, plane)
+    worker = EscalationWorker(service, Pager(service, dispatcher, lookup, signer), poll_s=poll_s,
+                              periodic=(30.0, triage.run_once))
     return service, worker
 
 

@@ -85,16 +85,25 @@ class IncidentService:
         """One PagerDuty Events API v2 event (``trigger`` / ``acknowledge`` / ``resolve``)."""
         group = AlertGroup.from_events_v2(event)
         payload = event.get("payload") or {}
-        labels = {"alertname": str(payload.get("component") or payload.get("class") or "event")}
-        if payload.get("source"):
+        labels = {"alertname": str(payload.get("class") or payload.get("component") or "event")}
+        if payload.get("source") and payload.get("component") in (None, "node"):  # the source is a node
             labels["node"] = str(payload["source"])
         details = payload.get("custom_details")
+        links = Links.from_labels(labels)
+        if isinstance(details, dict) and isinstance(details.get("nodes"), list):
+            links = links.merge(Links(nodes=tuple(str(n) for n in details["nodes"][:100])))
         return self._ingest(group, [labels["alertname"]], labels, actor=actor,
-                            extra={"evidence": details} if isinstance(details, dict) else {},
-                            links=Links.from_labels(labels))
+                            extra={"evidence": details} if isinstance(details, dict) else {}, links=links)
 
     def _ingest(self, group: AlertGroup, names: list[str], labels: dict[str, str], *, actor: str,
                 extra: dict[str, Any] | None = None, links: Links | None = None) -> dict[str, Any]:
+        # One decision at a time: two groups about one node arriving together (Alertmanager sends
+        # each group in its own request) must see each other's incident, not open two.
+        with self.store.lock:
+            return self._decide(group, names, labels, actor=actor, extra=extra, links=links)
+
+    def _decide(self, group: AlertGroup, names: list[str], labels: dict[str, str], *, actor: str,
+                extra: dict[str, Any] | None, links: Links | None) -> dict[str, Any]:
         now = self.clock()
         if ignored(names, self.config.rules):
             return {"incident": None, "action": "ignore", "reason": "alerts the response rules ignore"}
