@@ -35,6 +35,7 @@ from apiary.tracking.source import service_headers  # noqa: E402
 from ci import platform_ci, platform_deploy  # noqa: E402
 from drills import chaos_drill, inspection, load_drill, stress_drill  # noqa: E402
 from job import rerun_job, submit_form, submit_yaml  # noqa: E402
+from runbooks import RUNBOOKS, alert_quality, runbook  # noqa: E402
 from scheduling import scheduling_loop  # noqa: E402
 from whatif import what_if_replay  # noqa: E402
 
@@ -153,8 +154,22 @@ def _schema(deployment, vcs: list[str] | None) -> object:
     return ParameterSchema(**form_schema(raw, vcs))
 
 
+def ops_deployments() -> list:
+    """The runbooks (``runbook/gpu-node-repair``, ``runbook/node-drain``: started by hand, with the
+    incident and the node) and ``alert-quality/weekly`` (Monday 08:00 UTC; active with the drills'
+    schedules)."""
+    active = os.environ.get("APIARY_DRILL_SCHEDULES") == "1"
+    return [
+        *(runbook.to_deployment(name=name, parameters={"which": which}, description=text, tags=["apiary", "runbook"])
+          for name, which, text in RUNBOOKS),
+        alert_quality.to_deployment(name="weekly", cron="0 8 * * 1", paused=not active, tags=["apiary", "ops"],
+                                    description="Weekly: each alert rule's firings, time to acknowledge, noise "
+                                                "ratio and flapping (the alert-quality artifact)."),
+    ]
+
+
 def main() -> None:
-    serve(*deployments(), *drill_deployments(), *ci_deployments())
+    serve(*deployments(), *drill_deployments(), *ci_deployments(), *ops_deployments())
 
 
 if __name__ == "__main__":

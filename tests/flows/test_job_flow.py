@@ -166,3 +166,19 @@ def test_drill_schedules_are_paused_unless_the_platform_asks_for_them(monkeypatc
     assert all(d.paused and d.schedules for d in paused)
     monkeypatch.setenv("APIARY_DRILL_SCHEDULES", "1")
     assert not any(d.paused for d in serve.drill_deployments("http://127.0.0.1:1"))
+
+
+def test_runbooks_and_the_alert_quality_report_are_served(monkeypatch):
+    """The response rules name runbook/<name>: those deployments exist, with the runbook chosen by
+    parameter; the weekly report is paused like the drills unless the platform asks for schedules."""
+    serve = _serve_module()
+    monkeypatch.delenv("APIARY_DRILL_SCHEDULES", raising=False)
+    ops = serve.ops_deployments()
+    assert [(d.flow_name, d.name) for d in ops] == [("runbook", "gpu-node-repair"), ("runbook", "node-drain"),
+                                                    ("alert-quality", "weekly")]
+    assert [d.parameters for d in ops[:2]] == [{"which": "gpu-node-repair"}, {"which": "node-drain"}]
+    assert ops[2].paused and ops[2].schedules
+    from apiary.incidents.rules import default_response_rules
+
+    named = {r.runbook for r in default_response_rules().rules if r.runbook}
+    assert named <= {f"{d.flow_name}/{d.name}" for d in ops}

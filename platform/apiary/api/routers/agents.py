@@ -64,6 +64,13 @@ def node_fault(node: str, body: FaultRequest, plane: Plane, _caller: Admin) -> d
     return plane.inject_fault(node, body.gpu, **kinds)
 
 
+@router.get("/faults")
+def queued_faults(node: str, plane: Plane, _caller: Admin) -> dict:
+    """``{"faults": [...]}``: the faults queued for the node that its agent has not applied yet
+    (a runbook waits for its reset to be applied). Admins only."""
+    return {"faults": plane.node_faults(node)}
+
+
 @router.get("/assignments", response_model=Assignments, response_model_exclude_unset=True)
 async def assignments(
     node: str, plane: Plane, waiters: Waiters, _agent: NodeAgent,
