@@ -91,6 +91,8 @@ def _running_job(h: Harness) -> tuple[str, str]:
 def test_an_ecc_alert_opens_one_sev2_incident_mitigated_by_its_rule(world):
     h = world.h
     job, node = _running_job(h)
+    h.tick(1800)  # half an hour of work on one GPU, lost to the drain
+    h.report_all()  # the agents kept reporting meanwhile
     out = world.service.ingest_alertmanager(payload("ApiaryGpuEccDoubleBitError", "0", node=node))
     assert out["action"] == "open"
     iid = out["incident"]
@@ -104,6 +106,7 @@ def test_an_ecc_alert_opens_one_sev2_incident_mitigated_by_its_rule(world):
     assert diagnosis["runbook"] == "runbook/gpu-node-repair"
     assert next(n for n in h.plane.list_nodes() if n["name"] == node)["cordoned"]
     assert job in incident.links.jobs and "alice" in incident.links.users
+    assert incident.links.gpu_hours_lost == pytest.approx(0.5)
     # The drained job is re-placed elsewhere as a platform retry (no user retry spent).
     h.cycle()
     after = h.job(job)

@@ -11,7 +11,7 @@
       public_url: https://apiary.example.com   # where signed links point (default: the API's URL)
       link_ttl_s: 604800
       resolve_on_alert_resolved: true          # Alertmanager's "resolved" resolves the incident
-      sla: {sev1: {ack_s: 300, mitigate_s: 1800, resolve_s: 14400}, ...}  # default: DEFAULT_SLA
+      sla: {targets: {sev1: {ack_s: 300, mitigate_s: 1800, resolve_s: 14400}, ...}}  # all four; default DEFAULT_SLA
     contacts:                 # who is reached how (a user's stored email is the fallback)
       alice: {email: alice@example.com, phone: "+15550100", im_handle: U024BE7LH}
     channels: {...}           # apiary.response.channels.ChannelsConfig: smtp, slack, teams, twilio

@@ -192,10 +192,12 @@ class IncidentService:
                 self.plane.cordon(node, False)
                 result, detail = "ok", f"node {node} uncordoned"
             elif name == "drain-node":
+                before = {j: self.plane.get_job(j) for j in self.plane.jobs_on_node(node)}
                 moved = self.plane.drain(node, f"Node {node} was drained by incident {incident_id}.")
-                jobs = [self.plane.get_job(j) for j in moved]
+                jobs = [before.get(j) or self.plane.get_job(j) for j in moved]
                 links = Links(jobs=tuple(moved), users=tuple(j["user"] for j in jobs),
-                              virtual_clusters=tuple(j["virtualCluster"] for j in jobs))
+                              virtual_clusters=tuple(j["virtualCluster"] for j in jobs),
+                              gpu_hours_lost=round(sum(_gpu_hours_on(j, node, self.clock()) for j in jobs), 6))
                 result = "ok"
                 detail = f"node {node} drained; re-placed as platform retries: {', '.join(moved) or 'none'}"
             elif name in ("tag-jobs", "untag-jobs"):
@@ -351,6 +353,17 @@ class IncidentService:
         except Exception:  # evidence is best effort: a failure here must not lose the incident
             logger.exception("recent events of node %s", node)
             return []
+
+
+def _gpu_hours_on(job: dict[str, Any], node: str, now: float) -> float:
+    """GPU-hours the job's runs on ``node`` had done when it was drained: lost, the retry starts over."""
+    total = 0.0
+    for t in job.get("tasks") or []:
+        if t.get("node") != node or not t.get("startTime") or t.get("completionTime"):
+            continue
+        started = datetime.fromisoformat(str(t["startTime"]).replace("Z", "+00:00")).timestamp()
+        total += max(0.0, now - started) * len(t.get("gpus") or []) / 3600.0
+    return total
 
 
 def _item(item: Any) -> dict[str, Any]:
