@@ -93,6 +93,8 @@ def test_an_ecc_alert_opens_one_sev2_incident_mitigated_by_its_rule(world):
     job, node = _running_job(h)
     h.tick(1800)  # half an hour of work on one GPU, lost to the drain
     h.report_all()  # the agents kept reporting meanwhile
+    world.service.drill_results = lambda: {"drills": [{"drill": "stress-drill", "result": "failed"}],
+                                           "nodeFailures": [{"node": node, "rule": "slow-gpu", "detail": "x0.4"}]}
     out = world.service.ingest_alertmanager(payload("ApiaryGpuEccDoubleBitError", "0", node=node))
     assert out["action"] == "open"
     iid = out["incident"]
@@ -104,6 +106,9 @@ def test_an_ecc_alert_opens_one_sev2_incident_mitigated_by_its_rule(world):
     assert actions[0]["undo"] == "uncordon-node"
     diagnosis = next(e.detail for e in incident.timeline if e.detail.get("diagnosis"))
     assert diagnosis["runbook"] == "runbook/gpu-node-repair"
+    assert diagnosis["drills"] == {"nodeFailures": [{"node": node, "rule": "slow-gpu", "detail": "x0.4"}],
+                                   "lastRuns": {"stress-drill": "failed"}}
+    assert diagnosis["suspectedCause"] == f"node {node}"
     assert next(n for n in h.plane.list_nodes() if n["name"] == node)["cordoned"]
     assert job in incident.links.jobs and "alice" in incident.links.users
     assert incident.links.gpu_hours_lost == pytest.approx(0.5)

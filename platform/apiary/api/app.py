@@ -101,6 +101,8 @@ def create_app(
     if incidents is None:  # no escalation worker: incidents are recorded and mitigated, nobody is paged
         incidents = default_incidents(plane, settings)
     app.state.incidents = incidents
+    if incidents.drill_results is None:  # a diagnosis attaches the node's drill results
+        incidents.drill_results = drills.latest
     app.state.limiter = RateLimiter(settings.rate_calls, settings.rate_submits)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
 

@@ -71,6 +71,8 @@ class IncidentService:
         self.clock = clock
         self.wake: Callable[[], None] = lambda: None
         self.signer: Any = None  # apiary.response.links.LinkSigner, set by apiary.response.runtime
+        #: The drills' last results (:meth:`apiary.drills.board.DrillBoard.latest`), set by the app.
+        self.drill_results: Callable[[], dict[str, Any]] | None = None
 
     # ------------------------------------------------------------------ alerts in
     def ingest_alertmanager(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -170,8 +172,10 @@ class IncidentService:
         node = next((labels[k] for k in ("node", "Hostname", "hostname") if labels.get(k)), None)
         evidence = {e.name: self._query(e.query) for e in p.evidence}
         events = self._node_events(node) if node else []
+        drills = self._node_drills(node) if node else {}
         self._apply(incident_id, "comment", f"rule:{p.rule}", diagnosis=True, runbook=p.runbook,
-                    evidence=evidence, recentEvents=events, suspectedCause=f"node {node}" if node else None)
+                    evidence=evidence, recentEvents=events, drills=drills,
+                    suspectedCause=f"node {node}" if node else None)
         for action in p.mitigations:
             self.mitigate(incident_id, action, node, actor=f"rule:{p.rule}")
 
@@ -343,6 +347,14 @@ class IncidentService:
             return [{"labels": s["metric"], "value": float(s["value"][1])} for s in r.json()["data"]["result"]][:20]
         except (httpx.HTTPError, KeyError, ValueError) as e:
             return {"error": str(e)[:200]}
+
+    def _node_drills(self, node: str) -> dict[str, Any]:
+        """The node's failures in the last stress drill, and each drill's last result."""
+        if self.drill_results is None:
+            return {}
+        latest = self.drill_results()
+        return {"nodeFailures": [f for f in latest.get("nodeFailures", []) if f.get("node") == node],
+                "lastRuns": {d.get("drill"): d.get("result") for d in latest.get("drills", [])}}
 
     def _node_events(self, node: str) -> list[dict[str, Any]]:
         if self.plane is None:
