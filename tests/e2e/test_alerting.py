@@ -8,26 +8,22 @@ and email the admin through a real SMTP server on loopback (aiosmtpd).
 
 from __future__ import annotations
 
-import os
 import time
 
 import httpx
 import pytest
 from tests.support.builders import LAB6, job_text
 from tests.support.polling import nodes_ready, task_running, until
+from tests.support.stack import require_monitoring
 
 from apiary.client import Tenants
 from apiary.embedded import REPO_ROOT, Embedded
-from apiary.monitoring.stack import find_binaries
 
 pytestmark = pytest.mark.e2e
 
 
 def test_ecc_fault_fires_alert_cordons_node_and_emails(tmp_path, smtp):
-    if find_binaries() is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI=true but prometheus / prometheus-alertmanager are not installed")
-        pytest.skip("apt-get install prometheus prometheus-alertmanager")
+    require_monitoring()
     controller, inbox = smtp
     actions = tmp_path / "actions.yaml"
     actions.write_text(

@@ -31,10 +31,10 @@ import yaml
 from tests.support.builders import LAB6, job_text
 from tests.support.fake_providers import FakeWebhook
 from tests.support.polling import nodes_ready, task_running, until
+from tests.support.stack import require_monitoring
 
 from apiary.client import Tenants
 from apiary.embedded import REPO_ROOT, Embedded
-from apiary.monitoring.stack import find_binaries
 
 pytestmark = pytest.mark.e2e
 
@@ -85,10 +85,7 @@ def _mails_to(inbox, who: str) -> list[str]:
 
 
 def test_ecc_fault_one_incident_pages_escalates_through_a_kill_acks_drains_and_postmortem(tmp_path, smtp):
-    if find_binaries() is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI=true but prometheus / prometheus-alertmanager are not installed")
-        pytest.skip("apt-get install prometheus prometheus-alertmanager")
+    require_monitoring()
     controller, inbox = smtp
     slack = FakeWebhook().start()
     oncall = tmp_path / "oncall.yaml"
