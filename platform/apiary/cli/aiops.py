@@ -45,7 +45,7 @@ def train_command(runs: int = typer.Option(24, "--runs", min=2, max=500, help="T
 @aiops_app.command("watch")
 def watch_command(prometheus: str = typer.Option(..., "--prometheus", envvar="APIARY_PROMETHEUS_URL"),
                   interval: float = typer.Option(300.0, "--interval", min=1.0, help="Seconds between scans."),
-                  model: Path | None = typer.Option(None, "--model", help="A model from `apiary aiops train`."),
+                  model: Path | None = typer.Option(None, "--model", help="A model saved by apiary aiops train."),
                   once: bool = typer.Option(False, "--once", help="One scan, then exit.")) -> None:
     """Scan Prometheus every interval and post the findings as Sev4 incident events."""
     from apiary.aiops import Predictor, PrometheusSource, scan_once
