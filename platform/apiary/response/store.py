@@ -64,9 +64,10 @@ class IncidentStore:
         self.lock = threading.RLock()
 
     # ------------------------------------------------------------------ incidents
-    def _load(self, s: Session, row: IncidentRow) -> Incident:
-        entries = s.scalars(select(IncidentEntry).where(IncidentEntry.incident_id == row.id)
-                            .order_by(IncidentEntry.seq)).all()
+    def _load(self, s: Session, row: IncidentRow, entries: list[IncidentEntry] | None = None) -> Incident:
+        if entries is None:
+            entries = list(s.scalars(select(IncidentEntry).where(IncidentEntry.incident_id == row.id)
+                                     .order_by(IncidentEntry.seq)).all())
         return Incident(id=str(row.id), title=row.title, severity=row.severity,
                         dedup_key=row.dedup_key, state=row.state, opened_at=row.opened_at,
                         links=_links(row.links), fingerprints=tuple(row.fingerprints or ()),
@@ -139,6 +140,17 @@ class IncidentStore:
             for name, value in fields.items():
                 setattr(row, name, value)
 
+    def _load_many(self, s: Session, rows: Iterable[IncidentRow]) -> list[Incident]:
+        """The incidents of ``rows``, their entries read in a few queries (not one per incident)."""
+        rows = list(rows)
+        by_id: dict[int, list[IncidentEntry]] = {r.id: [] for r in rows}
+        ids = list(by_id)
+        for i in range(0, len(ids), 500):  # well under any database's bound-parameter limit
+            for e in s.scalars(select(IncidentEntry).where(IncidentEntry.incident_id.in_(ids[i:i + 500]))
+                               .order_by(IncidentEntry.incident_id, IncidentEntry.seq)):
+                by_id[e.incident_id].append(e)
+        return [self._load(s, r, by_id[r.id]) for r in rows]
+
     def candidates(self, since: float) -> list[Incident]:
         """Open incidents, and those resolved since ``since`` (the reopen window's start)."""
         open_states = [s.value for s in IncidentState.open_states()]
@@ -146,7 +158,7 @@ class IncidentStore:
             rows = s.scalars(select(IncidentRow).where(
                 (IncidentRow.state.in_(open_states))
                 | ((IncidentRow.state == IncidentState.RESOLVED.value) & (IncidentRow.updated_at >= since)))).all()
-            return [self._load(s, r) for r in rows]
+            return self._load_many(s, rows)
 
     def recent(self, limit: int = 50, state: str | None = None, since: float | None = None) -> list[Incident]:
         """The newest ``limit`` incidents (by id), optionally in ``state`` / opened since ``since``."""
@@ -157,7 +169,7 @@ class IncidentStore:
             query = query.where(IncidentRow.opened_at >= since)
         with self.sessions() as s:
             rows = s.scalars(query.order_by(IncidentRow.id.desc()).limit(limit)).all()
-            return [self._load(s, r) for r in rows]
+            return self._load_many(s, rows)
 
     def verdicts(self, ids: Iterable[str]) -> dict[str, str | None]:
         with self.sessions() as s:

@@ -29,7 +29,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse
 from pydantic import ConfigDict, Field
 
-from apiary.api.auth import Admin, AdminOrBridge, Caller, People
+from apiary.api.auth import Admin, AdminOrBridge, People
 from apiary.api.guards import plain_text
 from apiary.api.schemas import ERROR_RESPONSES, RequestBody
 from apiary.auth import Principal
@@ -199,7 +199,7 @@ def act(incident_id: str, event: Event, service: Incidents, caller: Admin, body:
 
 
 @router.get("/oncall")
-def who_is_on_call(service: Incidents, _caller: Caller, at: datetime | None = None) -> dict:
+def who_is_on_call(service: Incidents, _caller: People, at: datetime | None = None) -> dict:
     """Who is on call in each schedule at ``at`` (default now), and whom each policy's tiers page."""
     when = at or datetime.now(UTC)
     if when.tzinfo is None:
