@@ -4,11 +4,14 @@ postmortem and the alert-quality report."""
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from tests.pg import PostgresNotFound, create_database, start_postgres
 from tests.support.auth import Principals, bearer
 from tests.support.builders import LAB6
 
@@ -22,9 +25,28 @@ from apiary.store import make_engine, migrate, session_factory
 INCIDENTS = "/api/v2/incidents"
 
 
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, dict[str, str]]]]:
-    engine = make_engine(f"sqlite:///{tmp_path}/a.db")
+@pytest.fixture(scope="module")
+def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    try:
+        url, stop = start_postgres(tmp_path_factory.mktemp("postgres"))
+    except PostgresNotFound as e:
+        if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"):
+            pytest.fail(f"CI=true but PostgreSQL is not installed: {e}", pytrace=False)
+        pytest.skip(f"PostgreSQL not installed: {e}")
+    try:
+        yield url
+    finally:
+        stop()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, dict[str, str]]]]:
+    """A real app over a fresh store: an SQLite file, or a new database on the module's PostgreSQL."""
+    if request.param == "postgres":
+        url = create_database(request.getfixturevalue("postgres_server"), f"inc_{uuid.uuid4().hex[:16]}")
+    else:
+        url = f"sqlite:///{tmp_path}/a.db"
+    engine = make_engine(url)
     migrate(engine)
     plane = ControlPlane(session_factory(engine), load_cluster_config(LAB6 / "hived-config-two-vcs.yaml"),
                          tmp_path / "logs")

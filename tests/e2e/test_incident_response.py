@@ -24,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from datetime import datetime
 
 import pytest
@@ -136,6 +137,7 @@ def test_ecc_fault_one_incident_pages_escalates_through_a_kill_acks_drains_and_p
         # SIGKILL the control plane during the wait for tier 2; the supervisor restarts it.
         cp = p.children["control-plane"]
         killed_pid = cp.proc.pid
+        killed_at = time.time()
         cp.proc.kill()
         until(lambda: cp.proc.pid != killed_pid and cp.alive(), 30, "the control plane restarted")
         p.wait_api(60)
@@ -147,7 +149,9 @@ def test_ecc_fault_one_incident_pages_escalates_through_a_kill_acks_drains_and_p
         opened = datetime.fromisoformat(incident()["openedAt"].replace("Z", "+00:00")).timestamp()
         assert due == pytest.approx(opened + TIER1_DELAY_S, abs=0.01)
         at = datetime.fromisoformat(escalated["at"].replace("Z", "+00:00")).timestamp()
+        assert killed_at < due, "the control plane must die during the wait, not after the page"
         assert at - due <= ON_TIME_S, f"escalated {at - due:.1f} s late"
+        print(f"tier 2 paged {at - due:.3f} s after its deadline, through a SIGKILL of the control plane")
         until(lambda: _mails_to(inbox, "senior") or None, 30, "tier 2 (senior) emailed")
 
         # One incident for both alert groups, Sev2.
