@@ -198,3 +198,17 @@ def create_database(url: str, name: str) -> str:
     ) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     return u.set(database=name).render_as_string(hide_password=False)
+
+
+def start_postgres_or_skip(tmpdir: str | os.PathLike | None = None, durable: bool = False
+                           ) -> tuple[str, Callable[[], None]]:
+    """:func:`start_postgres`, or skip the test without PostgreSQL; under CI=true a missing server
+    fails it instead (.ci/run installs one)."""
+    import pytest
+
+    try:
+        return start_postgres(tmpdir, durable=durable)
+    except PostgresNotFound as e:
+        if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"):
+            pytest.fail(f"CI=true but PostgreSQL is not installed (.ci/run installs it): {e}", pytrace=False)
+        pytest.skip(f"PostgreSQL not installed: {e}")

@@ -10,13 +10,11 @@ the whole module: every case must leave it as it found it. The corpus runs again
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import yaml
 from tests.api import test_authz
 from tests.api.test_authz import CAROL, World
-from tests.pg import PostgresNotFound, start_postgres
+from tests.pg import start_postgres_or_skip
 from tests.support.hostile import CORPUS, Hostile, job, send
 
 from apiary.store import make_engine
@@ -34,12 +32,7 @@ def world(request, tmp_path_factory):
     or a 64-bit overflow used to fail the whole statement (a 500, or a 503 saying "retry later")."""
     with pytest.MonkeyPatch.context() as mp:
         if request.param == "postgres":
-            try:
-                url, stop = start_postgres(tmp_path_factory.mktemp("postgres"))
-            except PostgresNotFound as e:
-                if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"):
-                    pytest.fail(f"CI=true but PostgreSQL is not installed: {e}", pytrace=False)
-                pytest.skip(f"PostgreSQL not installed: {e}")
+            url, stop = start_postgres_or_skip(tmp_path_factory.mktemp("postgres"))
             request.addfinalizer(stop)
             # World builds its store from a SQLite URL; this module's World uses the server instead
             mp.setattr(test_authz, "make_engine", lambda _sqlite_url: make_engine(url))

@@ -4,14 +4,13 @@ postmortem and the alert-quality report."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from tests.pg import PostgresNotFound, create_database, start_postgres
+from tests.pg import create_database, start_postgres_or_skip
 from tests.support.auth import Principals, bearer
 from tests.support.builders import LAB6
 
@@ -27,12 +26,7 @@ INCIDENTS = "/api/v2/incidents"
 
 @pytest.fixture(scope="module")
 def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    try:
-        url, stop = start_postgres(tmp_path_factory.mktemp("postgres"))
-    except PostgresNotFound as e:
-        if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"):
-            pytest.fail(f"CI=true but PostgreSQL is not installed: {e}", pytrace=False)
-        pytest.skip(f"PostgreSQL not installed: {e}")
+    url, stop = start_postgres_or_skip(tmp_path_factory.mktemp("postgres"))
     try:
         yield url
     finally:

@@ -8,7 +8,7 @@ import signal
 import psutil
 import pytest
 from tests.chaos.conftest import outputs, run_checked, start_platform
-from tests.pg import PostgresNotFound, start_postgres
+from tests.pg import start_postgres_or_skip
 
 from apiary.chaos import processes
 
@@ -17,12 +17,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory):
-    try:
-        url, stop_pg = start_postgres(tmp_path_factory.mktemp("postgres"), durable=True)
-    except PostgresNotFound as e:
-        if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
-            pytest.fail(f"CI=true but PostgreSQL is not installed: {e}", pytrace=False)
-        pytest.skip(f"PostgreSQL not installed: {e}")
+    url, stop_pg = start_postgres_or_skip(tmp_path_factory.mktemp("postgres"), durable=True)
     try:
         p = start_platform(tmp_path_factory.mktemp("pg-home"), env={"APIARY_DATABASE_URL": url})
         try:
