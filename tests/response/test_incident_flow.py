@@ -234,3 +234,18 @@ def test_a_failure_prediction_opens_a_sev4_warning_with_its_evidence(world):
     # The same prediction again is the same problem (its dedup key): no second incident.
     again = world.service.ingest_event(finding_to_event(finding), actor="aiops")
     assert again["incident"] == out["incident"] and again["action"] == "attach"
+
+
+def test_notify_all_falls_back_without_paging_a_channel_twice(world):
+    from apiary.errors import UnavailableError
+
+    class Down(Recording):
+        def send(self, message: Message, contact: Contact) -> str:
+            raise UnavailableError("SMTP server unreachable")
+
+    down, im = Down("email"), Recording("im")
+    world.worker.pager.dispatcher = Dispatcher({"email": down, "im": im}, sleep=lambda s: None)
+    world.service.ingest_alertmanager(payload("ApiaryGpuEccDoubleBitError", "0"))
+    assert world.worker.tick() == 1
+    # email failed (3 tries) and fell back to im; im's own turn does not page the DRI again.
+    assert len(im.sent) == 1

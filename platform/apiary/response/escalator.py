@@ -29,7 +29,7 @@ from apiary.incidents import Incident, IncidentState
 from apiary.oncall import next_page, resolve_targets
 from apiary.oncall.routing import Severity as RoutingSeverity
 from apiary.oncall.routing import match_rule
-from apiary.response.channels import Attempt, Contact, Dispatcher, Message
+from apiary.response.channels import Attempt, Contact, Dispatcher, Message, delivered
 from apiary.response.links import LinkSigner
 from apiary.response.service import SYSTEM, IncidentService
 
@@ -50,7 +50,7 @@ class Pager:
         self.service, self.dispatcher, self.contact, self.signer = service, dispatcher, contact, signer
 
     def message(self, incident: Incident, recipient: str, why: str) -> Message:
-        links = self.service.store.get(incident.id).links
+        links = incident.links
         body = "\n".join(filter(None, [
             why, f"Incident {incident.id}: {incident.title}", f"Severity: {incident.severity.value}",
             f"State: {incident.state.value}", f"Opened: {iso(incident.opened_at)}",
@@ -76,8 +76,16 @@ class Pager:
                 continue
             message = self.message(incident, user, why)
             if rule.notify == "all":
-                for i in range(len(channels)):
-                    self._deliver(incident.id, message, contact, channels[i:], tier)
+                # Every channel once: one that fails falls back to those after it, and a channel
+                # a fallback already reached is not paged again on its own turn.
+                reached: set[str] = set()
+                for i, channel in enumerate(channels):
+                    if channel in reached:
+                        continue
+                    rest = [c for c in channels[i + 1:] if c not in reached]
+                    sent = delivered(self._deliver(incident.id, message, contact, [channel, *rest], tier))
+                    if sent is not None:
+                        reached.add(sent.channel)
             else:
                 self._deliver(incident.id, message, contact, channels, tier)
 

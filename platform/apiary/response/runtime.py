@@ -9,7 +9,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from apiary.response.channels import Attempt, Contact, Dispatcher, Message, build_channels
+from apiary.response.channels import Attempt, Dispatcher, Message, build_channels
 from apiary.response.config import ResponseConfig
 from apiary.response.escalator import EscalationWorker, Pager, contacts
 from apiary.response.links import LinkSigner, load_secret
@@ -59,5 +59,3 @@ def build(plane, home: Path, *, config_path: Path | None, public_url: str, prome
                               periodic=(30.0, triage.run_once))
     return service, worker
 
-
-__all__ = ["build", "Contact"]

@@ -379,6 +379,6 @@ def _gpu_hours_on(job: dict[str, Any], node: str, now: float) -> float:
 
 
 def _item(item: Any) -> dict[str, Any]:
-    return {"key": getattr(item, "id", None) or getattr(item, "key", ""), "text": item.text,
-            "owner": getattr(item, "owner", None), "status": getattr(item, "status", "open")}
+    """A postmortem :class:`~apiary.incidents.postmortem.ActionItem` as the store keeps it."""
+    return {"key": item.id, "text": item.text, "owner": item.owner or None, "status": item.status}
 
