@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from apiary import gcpolicy
 from apiary.control.config import check_cluster_config
+from apiary.control.intake import Intake, PendingSubmission
 from apiary.control.nodes import HEARTBEAT_PERSIST_S, MAX_QUEUED_FAULTS, schedulable
 from apiary.control.views import iso, job_json, latest_tasks, simulated_nodes
 from apiary.control.work import NodeHealth, Work, store_errors
@@ -58,7 +59,9 @@ from apiary.lifecycle.reducer import (
     Allocate,
     Cancel,
     Downgraded,
+    Effects,
     JobPolicy,
+    JobRecord,
     NodeLost,
     Placed,
     Preempted,
@@ -79,7 +82,7 @@ from apiary.spec.cluster import ClusterConfig
 from apiary.spec.job import JobSpec, parse_job
 from apiary.spec.templating import render
 from apiary.store.models import Alert, AlertAction, Attempt, Event, Job, Node, NodeFault, Placement, Task
-from apiary.store.records import new_job_rows
+from apiary.store.records import new_jobs_rows
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +193,8 @@ class ControlPlane:
         self._settled: int | None = None
         self._specs: dict[str, JobSpec] = {}
         self._policies: dict[str, JobPolicy] = {}
+        self._intake = Intake()  # submissions waiting for a group commit (apiary.control.intake)
+        self._next_seq: int | None = None  # the next submit_seq; None: read max + 1 from the store
         self._heartbeats: dict[str, float] = {}  # node -> exact time of its last report (memory only)
         self._reported: dict[str, _Seen] = {}  # node -> what its row says (a cache of committed facts)
         self._node_lost_after_s = node_lost_after_s
@@ -398,35 +403,104 @@ class ControlPlane:
             spec.render_commands(role)  # unknown <% $parameters.x %> references fail now, not at launch
         job_id = f"{user}~{spec.name}"
         policy = job_policy(job_id, spec)
+        pending = PendingSubmission(job_id, user, spec, policy, text.decode() if isinstance(text, bytes) else text,
+                                    flow_run_id, authorize)
+        self._intake.put(pending)
         with self._lock:
-            self.scheduler.validate(policy.request)  # an unknown VC is a 400 naming the field, first
-        if authorize is not None:
-            authorize(spec)
-        with self._lock, self._sessions() as s:
+            # Group commit (apiary.control.intake): the first submitter to get the lock commits every
+            # queued submission, so ours may already be answered by the time we get here.
+            while not pending.done:
+                self._commit_intake()
+        return pending.result()
+
+    #: Most submissions committed in one transaction (one multi-row flush per table).
+    INTAKE_BATCH = 64
+
+    def _commit_intake(self) -> None:
+        """Commit the queued submissions (lock held): one transaction for a batch of up to
+        :data:`INTAKE_BATCH`, each settled with its job's JSON or its error. A name already taken
+        (in the store or earlier in the batch) refuses that submission only; a store that cannot
+        commit refuses the batch (nothing of it was accepted or applied)."""
+        batch = self._intake.drain(self.INTAKE_BATCH)
+        try:
+            self._commit_batch(batch)
+        except ConflictError:
+            # A name in the batch is taken in the store (the insert says so; no query asks first,
+            # as clashes are rare): decide each submission alone, so only that one is refused.
+            for p in batch:
+                if not p.done:
+                    try:
+                        self._commit_batch([p])
+                    except Exception as e:
+                        if not p.done:  # a taken name was settled with OpenPAI's message already
+                            p.settle(error=e)
+        except Exception as e:
+            for p in batch:
+                if not p.done:
+                    p.settle(error=e)
+
+    def _commit_batch(self, batch: list[PendingSubmission]) -> None:
+        """One transaction for ``batch``. Raises ConflictError when a job id is taken in the store
+        (for a batch of one, that submission is settled with OpenPAI's message first)."""
+        with self._sessions() as s:
             w = self._work(s)
-            record, fx = submit(job_id, user, policy, w.now, name=spec.name, priority_class=spec.priority_class,
-                                flow_run_id=flow_run_id)
-            seq = (s.scalar(select(func.max(Job.submit_seq))) or 0) + 1  # under the lock: no two alike
+            if self._next_seq is None:
+                self._next_seq = (s.scalar(select(func.max(Job.submit_seq))) or 0) + 1
+            accepted: list[PendingSubmission] = []
+            new: list[tuple[JobRecord, Effects, dict[str, object]]] = []
+            ids: set[str] = set()
+            for p in batch:
+                try:
+                    # Under the lock (the scheduler's VC cells change with every allocation), and an
+                    # unknown VC is a 400 naming the field before any 403 of ``authorize``.
+                    self.scheduler.validate(p.policy.request)
+                    if p.authorize is not None:
+                        p.authorize(p.spec)
+                except Exception as e:
+                    p.settle(error=e)
+                    continue
+                if p.job_id in ids:  # the same name twice in one batch: the later one is refused
+                    p.settle(error=self._name_taken(p))
+                    continue
+                ids.add(p.job_id)
+                spec = p.spec
+                record, fx = submit(p.job_id, p.user, p.policy, w.now, name=spec.name,
+                                    priority_class=spec.priority_class, flow_run_id=p.flow_run_id)
+                new.append((record, fx, dict(
+                    submit_seq=self._next_seq + len(accepted), name=spec.name, virtual_cluster=spec.virtual_cluster,
+                    priority_class=spec.priority_class, priority=spec.priority, gang=spec.gang, spec_yaml=p.text,
+                    flow_run_id=p.flow_run_id,
+                )))
+                accepted.append(p)
+            if not accepted:
+                return
             try:
                 with store_errors("submit"):
-                    loaded = new_job_rows(
-                        s, record, fx, w.now, submit_seq=seq, name=spec.name, virtual_cluster=spec.virtual_cluster,
-                        priority_class=spec.priority_class, priority=spec.priority, gang=spec.gang,
-                        spec_yaml=text.decode() if isinstance(text, bytes) else text, flow_run_id=flow_run_id,
-                    )
-            except ConflictError as e:  # the job row goes in first, alone: its id is taken
-                raise ConflictError(f"Job name {spec.name} already exists for user {user}.") from e
-            w.adopt(loaded)
-            try:
+                    loaded = new_jobs_rows(s, new, w.now)  # the job rows go in first: a taken id fails here
+                for one in loaded:
+                    w.adopt(one)
                 w.commit("submit")
-            except ConflictError as e:  # a concurrent submission of the same name won the race
-                raise ConflictError(f"Job name {spec.name} already exists for user {user}.") from e
-            self._specs[job_id], self._policies[job_id] = spec, policy
-        logger.info("accepted job=%s vc=%s priority=%s", job_id, spec.virtual_cluster, spec.priority_class)
-        # The answer is the committed rows as this transaction left them (the session keeps their
-        # values after the commit): no query, no lock. A new job's tasks have no node yet.
-        tasks = sorted((row for _, row in loaded.tasks if row is not None), key=lambda t: (t.task_role, t.index))
-        return job_json(s, loaded.row, tasks, simulated=set())
+            except ConflictError:
+                self._next_seq = None
+                if len(accepted) == 1:
+                    accepted[0].settle(error=self._name_taken(accepted[0]))
+                raise
+            except Exception:
+                self._next_seq = None  # re-read from the store: the failed batch's numbers are free again
+                raise
+            self._next_seq += len(accepted)
+            for p, one in zip(accepted, loaded, strict=True):
+                self._specs[p.job_id], self._policies[p.job_id] = p.spec, p.policy
+                logger.info("accepted job=%s vc=%s priority=%s", p.job_id, p.spec.virtual_cluster,
+                            p.spec.priority_class)
+                # The answer is the committed rows as this transaction left them (the session keeps
+                # their values after the commit): no query. A new job's tasks have no node yet.
+                tasks = sorted((row for _, row in one.tasks if row is not None), key=lambda t: (t.task_role, t.index))
+                p.settle(answer=job_json(s, one.row, tasks, simulated=set()))
+
+    @staticmethod
+    def _name_taken(p: PendingSubmission) -> ConflictError:
+        return ConflictError(f"Job name {p.spec.name} already exists for user {p.user}.")
 
     def stop(self, job_id: str) -> dict:
         """OpenPAI's ``executionType: STOP``. Idempotent; a finished job is returned unchanged.

@@ -210,11 +210,24 @@ def _loaded(row: Job, arow: Attempt | None, trows: list[Task], prows: list[Place
 def new_job_rows(s: Session, record: JobRecord, fx: Effects, now: float, **job_fields: object) -> LoadedJob:
     """Rows for a job :func:`apiary.lifecycle.reducer.submit` just made: the job row (with the
     ``job_fields`` the record does not carry: name, spec_yaml, ...), its attempt, tasks and events."""
-    row = Job(id=record.id, user=record.user, submission_time=record.submission_time, **job_fields)
-    _write_job(record, row)
-    s.add(row)
-    s.flush()  # the job row first: attempts and tasks refer to it (no ORM relationships order them)
-    loaded = LoadedJob(record=record, row=row, attempts=[(record.attempt, None)], tasks=[], placements={})
-    loaded.absorb(fx, now)
-    loaded.write(s, now)
-    return loaded
+    return new_jobs_rows(s, [(record, fx, job_fields)], now)[0]
+
+
+def new_jobs_rows(s: Session, jobs: list[tuple[JobRecord, Effects, dict[str, object]]], now: float) -> list[LoadedJob]:
+    """:func:`new_job_rows` for several new jobs in one flush of their job rows (a batch of
+    submissions committed together), in ``jobs``' order. A taken job id raises IntegrityError at the
+    flush, for the whole batch."""
+    rows = []
+    for record, _, job_fields in jobs:
+        row = Job(id=record.id, user=record.user, submission_time=record.submission_time, **job_fields)
+        _write_job(record, row)
+        s.add(row)
+        rows.append(row)
+    s.flush()  # the job rows first: attempts and tasks refer to them (no ORM relationships order them)
+    out = []
+    for row, (record, fx, _) in zip(rows, jobs, strict=True):
+        loaded = LoadedJob(record=record, row=row, attempts=[(record.attempt, None)], tasks=[], placements={})
+        loaded.absorb(fx, now)
+        loaded.write(s, now)
+        out.append(loaded)
+    return out

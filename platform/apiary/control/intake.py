@@ -1,0 +1,80 @@
+"""Group commit for submissions: concurrent ``submit`` calls share one transaction.
+
+A submission is parsed outside the plane's lock, then queued here; the checks that read the
+scheduler (its virtual cluster and sizes) and the caller's grant run in the batch, under the lock. Whoever takes the
+plane's lock next drains the whole queue and commits every queued submission in one transaction
+(one fsync on SQLite with ``synchronous=FULL``, one round trip on PostgreSQL), then answers each.
+A caller whose submission was committed by another thread finds it answered once it holds the
+lock. This is the classic group commit of databases (PostgreSQL's ``commit_delay``, MySQL's binlog
+group commit); nobody waits on a timer, so a lone submission is committed at once.
+
+Not a backend: in-process only, and nothing here is durable until the batch's commit returns.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from apiary.lifecycle.reducer import JobPolicy
+    from apiary.spec.job import JobSpec
+
+
+@dataclass(eq=False)
+class PendingSubmission:
+    """One checked submission waiting for its batch's commit.
+
+    ``answer`` is the job's JSON once committed; ``error`` what refused it (ConflictError for a
+    taken name, UnavailableError when the store cannot commit). Exactly one of them is set when
+    ``done``; both are written only by the thread that holds the plane's lock.
+    """
+
+    job_id: str
+    user: str
+    spec: JobSpec
+    policy: JobPolicy
+    text: str
+    flow_run_id: str | None
+    #: Raises to refuse the spec (the API's virtual-cluster grant check); called under the plane's lock.
+    authorize: Callable[[JobSpec], None] | None = None
+    answer: dict | None = None
+    error: BaseException | None = None
+    done: bool = field(default=False)
+
+    def settle(self, answer: dict | None = None, error: BaseException | None = None) -> None:
+        self.answer, self.error, self.done = answer, error, True
+
+    def result(self) -> dict:
+        """The committed job's JSON; raises the error that refused it. Only after ``done``."""
+        if not self.done:
+            raise RuntimeError(f"submission {self.job_id} was never committed nor refused")
+        if self.error is not None:
+            raise self.error
+        assert self.answer is not None
+        return self.answer
+
+
+class Intake:
+    """The queue of submissions waiting for a commit. Thread-safe; ``put`` and ``drain`` never block
+    beyond a short internal lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: list[PendingSubmission] = []
+
+    def put(self, pending: PendingSubmission) -> None:
+        with self._lock:
+            self._queue.append(pending)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def drain(self, limit: int) -> list[PendingSubmission]:
+        """Up to ``limit`` queued submissions, oldest first, removed from the queue."""
+        with self._lock:
+            batch, self._queue = self._queue[:limit], self._queue[limit:]
+        return batch
