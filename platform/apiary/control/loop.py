@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from apiary.control.plane import ControlPlane
 from apiary.errors import UnavailableError
@@ -17,11 +18,19 @@ logger = logging.getLogger(__name__)
 
 
 class SchedulingLoop:
-    """Start with :meth:`start`; :meth:`stop` returns after the current cycle (bounded by ``join_s``)."""
+    """Start with :meth:`start`; :meth:`stop` returns after the current cycle (bounded by ``join_s``).
 
-    def __init__(self, plane: ControlPlane, tick_s: float = 1.0) -> None:
+    ``tick_s``: the longest wait for a wake before a cycle runs anyway (seconds). ``min_interval_s``:
+    the shortest time from one cycle's start to the next's (seconds). A cycle costs about the same
+    fixed work whether it decides one new job or twenty, so under a stream of submissions the loop
+    decides them in batches: at 50 ms, 4 clients submitting put ~10 jobs in a cycle instead of ~3
+    (bench/api_submit.py), and a job waits at most 50 ms longer for its first decision.
+    """
+
+    def __init__(self, plane: ControlPlane, tick_s: float = 1.0, min_interval_s: float = 0.05) -> None:
         self.plane = plane
         self.tick_s = tick_s
+        self.min_interval_s = min_interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scheduling-loop", daemon=True)
         self.cycles = 0
@@ -35,8 +44,15 @@ class SchedulingLoop:
         self._thread.join(join_s)
 
     def _run(self) -> None:
+        started = 0.0
         while not self._stop.is_set():
+            # At most one cycle per min_interval_s: a burst of submissions is decided by one cycle
+            # instead of one each (every cycle pays for its snapshot and commit).
+            pause = started + self.min_interval_s - time.monotonic()
+            if pause > 0 and self._stop.wait(pause):
+                break
             self.plane.wake.wait(self.tick_s)
+            started = time.monotonic()
             self.plane.wake.clear()
             if self._stop.is_set():
                 break
