@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,26 @@ def test_a_store_that_cannot_commit_refuses_the_whole_batch_and_applies_nothing(
     # Nothing was taken: the same names go in once the store accepts writes again.
     again = submit_together(h, texts)
     assert [o["id"] for o in again if isinstance(o, dict)] == [f"alice~lost-{i}" for i in range(3)]
+
+
+@pytest.mark.parametrize(("config", "n"), [("two-vcs", 0), ("two-vcs", 4), ("one-vc", 6)])  # gang, oppo, 2 instances
+def test_the_inserted_rows_load_back_as_the_record_the_reducer_made(tmp_path: Path, config: str, n: int) -> None:
+    """insert_new_jobs writes rows without the ORM's unit of work: what it stored must read back
+    (load_job) as exactly the record apiary.lifecycle.reducer.submit returned, every task too."""
+    from apiary.lifecycle.reducer import job_policy, submit
+    from apiary.spec.job import parse_job
+    from apiary.store.records import load_job
+
+    h = Harness(tmp_path, config)
+    text = job_text(n, name=f"roundtrip-{n}")
+    answer = h.plane.submit(text, "alice", flow_run_id="run-1")
+    spec = parse_job(text)
+    policy = job_policy(answer["id"], spec)
+    expected, _ = submit(answer["id"], "alice", policy, h.clock(), name=spec.name,
+                         priority_class=spec.priority_class, flow_run_id="run-1")
+    with h.sessions() as s:
+        loaded = load_job(s, answer["id"], h.plane._policy_of)
+    assert loaded is not None
+    assert asdict(loaded.record) == asdict(expected)  # the records compare by identity: by fields here
+    assert len(loaded.tasks) == len(expected.tasks) == (2 if n == 6 else 1)
+    assert answer == h.job(answer["id"])  # the answer built from the inserted values is what a read says

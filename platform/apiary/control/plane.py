@@ -82,7 +82,7 @@ from apiary.spec.cluster import ClusterConfig
 from apiary.spec.job import JobSpec, parse_job
 from apiary.spec.templating import render
 from apiary.store.models import Alert, AlertAction, Attempt, Event, Job, Node, NodeFault, Placement, Task
-from apiary.store.records import new_jobs_rows
+from apiary.store.records import insert_new_jobs
 
 logger = logging.getLogger(__name__)
 
@@ -441,9 +441,13 @@ class ControlPlane:
 
     def _commit_batch(self, batch: list[PendingSubmission]) -> None:
         """One transaction for ``batch``. Raises ConflictError when a job id is taken in the store
-        (for a batch of one, that submission is settled with OpenPAI's message first)."""
+        (for a batch of one, that submission is settled with OpenPAI's message first).
+
+        New jobs are rows only, with no scheduler operation, so the commit goes without a
+        :class:`Work`: multi-row inserts (:func:`insert_new_jobs`), the commit, then memory (the
+        specs, the queue's dirty set, a wake for the scheduling loop)."""
         with self._sessions() as s:
-            w = self._work(s)
+            now = self._clock()
             if self._next_seq is None:
                 self._next_seq = (s.scalar(select(func.max(Job.submit_seq))) or 0) + 1
             accepted: list[PendingSubmission] = []
@@ -464,7 +468,7 @@ class ControlPlane:
                     continue
                 ids.add(p.job_id)
                 spec = p.spec
-                record, fx = submit(p.job_id, p.user, p.policy, w.now, name=spec.name,
+                record, fx = submit(p.job_id, p.user, p.policy, now, name=spec.name,
                                     priority_class=spec.priority_class, flow_run_id=p.flow_run_id)
                 new.append((record, fx, dict(
                     submit_seq=self._next_seq + len(accepted), name=spec.name, virtual_cluster=spec.virtual_cluster,
@@ -476,27 +480,26 @@ class ControlPlane:
                 return
             try:
                 with store_errors("submit"):
-                    loaded = new_jobs_rows(s, new, w.now)  # the job rows go in first: a taken id fails here
-                for one in loaded:
-                    w.adopt(one)
-                w.commit("submit")
+                    rows = insert_new_jobs(s, new, now)  # the job rows go in first: a taken id fails here
+                    s.commit()
             except ConflictError:
+                s.rollback()
                 self._next_seq = None
                 if len(accepted) == 1:
                     accepted[0].settle(error=self._name_taken(accepted[0]))
                 raise
             except Exception:
+                s.rollback()
                 self._next_seq = None  # re-read from the store: the failed batch's numbers are free again
                 raise
-            self._next_seq += len(accepted)
-            for p, one in zip(accepted, loaded, strict=True):
-                self._specs[p.job_id], self._policies[p.job_id] = p.spec, p.policy
-                logger.info("accepted job=%s vc=%s priority=%s", p.job_id, p.spec.virtual_cluster,
-                            p.spec.priority_class)
-                # The answer is the committed rows as this transaction left them (the session keeps
-                # their values after the commit): no query. A new job's tasks have no node yet.
-                tasks = sorted((row for _, row in one.tasks if row is not None), key=lambda t: (t.task_role, t.index))
-                p.settle(answer=job_json(s, one.row, tasks, simulated=set()))
+        self._next_seq += len(accepted)
+        for p in accepted:
+            self._specs[p.job_id], self._policies[p.job_id] = p.spec, p.policy
+        self._after_commit([], set(), {p.job_id for p in accepted}, True)
+        for p, (row, tasks) in zip(accepted, rows, strict=True):
+            logger.info("accepted job=%s vc=%s priority=%s", p.job_id, p.spec.virtual_cluster, p.spec.priority_class)
+            # The answer is the rows as inserted: no query. A new job's tasks have no node yet.
+            p.settle(answer=job_json(s, row, tasks, simulated=set()))
 
     @staticmethod
     def _name_taken(p: PendingSubmission) -> ConflictError:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from apiary.lifecycle import AttemptOutcome, Desired, ExecutionType, JobState, TaskState
@@ -30,7 +30,7 @@ from apiary.lifecycle.reducer import (
 )
 from apiary.store.models import Attempt, Event, Job, Placement, Task
 
-__all__ = ["LoadedJob", "attempt_record", "load_job", "load_jobs", "task_record"]
+__all__ = ["LoadedJob", "attempt_record", "insert_new_jobs", "load_job", "load_jobs", "task_record"]
 
 
 def task_record(row: Task) -> TaskRecord:
@@ -207,27 +207,64 @@ def _loaded(row: Job, arow: Attempt | None, trows: list[Task], prows: list[Place
     )
 
 
-def new_job_rows(s: Session, record: JobRecord, fx: Effects, now: float, **job_fields: object) -> LoadedJob:
-    """Rows for a job :func:`apiary.lifecycle.reducer.submit` just made: the job row (with the
-    ``job_fields`` the record does not carry: name, spec_yaml, ...), its attempt, tasks and events."""
-    return new_jobs_rows(s, [(record, fx, job_fields)], now)[0]
+def _job_values(record: JobRecord, fields: dict[str, object]) -> dict[str, object]:
+    return dict(
+        id=record.id, user=record.user, submission_time=record.submission_time, state=record.state.value,
+        execution_type=record.execution_type.value, attempt=record.attempt.index, retries_user=record.retries_user,
+        retries_platform=record.retries_platform, launch_time=record.launch_time,
+        completion_time=record.completion_time, exit_code=record.exit_code, exit_phrase=record.exit_phrase,
+        waiting_reason=record.waiting_reason, tags=None, **fields,
+    )
 
 
-def new_jobs_rows(s: Session, jobs: list[tuple[JobRecord, Effects, dict[str, object]]], now: float) -> list[LoadedJob]:
-    """:func:`new_job_rows` for several new jobs in one flush of their job rows (a batch of
-    submissions committed together), in ``jobs``' order. A taken job id raises IntegrityError at the
-    flush, for the whole batch."""
-    rows = []
-    for record, _, job_fields in jobs:
-        row = Job(id=record.id, user=record.user, submission_time=record.submission_time, **job_fields)
-        _write_job(record, row)
-        s.add(row)
-        rows.append(row)
-    s.flush()  # the job rows first: attempts and tasks refer to them (no ORM relationships order them)
-    out = []
-    for row, (record, fx, _) in zip(rows, jobs, strict=True):
-        loaded = LoadedJob(record=record, row=row, attempts=[(record.attempt, None)], tasks=[], placements={})
-        loaded.absorb(fx, now)
-        loaded.write(s, now)
-        out.append(loaded)
+def _attempt_values(job_id: str, a: AttemptRecord) -> dict[str, object]:
+    return dict(
+        job_id=job_id, index=a.index, created=a.created, launched=a.launched, finished=a.finished,
+        outcome=a.outcome.value if a.outcome is not None else None, exit_code=a.exit_code, reason=a.reason,
+        preempted_by=a.preempted_by,
+    )
+
+
+def _task_values(job_id: str, t: TaskRecord) -> dict[str, object]:
+    return dict(
+        job_id=job_id, attempt=t.attempt, task_role=t.task_role, index=t.index, task_attempt=t.task_attempt,
+        state=t.state.value, node=t.node, gpus=list(t.gpus) if t.node is not None else None,
+        desired=t.desired.value, stop_reason=t.stop_reason, run_id=t.run_id, exit_code=t.exit_code,
+        exit_phrase=t.exit_phrase, pid=t.pid, placed_at=t.placed_at, started=t.started, finished=t.finished,
+        latest=t.latest,
+    )
+
+
+def insert_new_jobs(s: Session, jobs: list[tuple[JobRecord, Effects, dict[str, object]]],
+                    now: float) -> list[tuple[Job, list[Task]]]:
+    """The rows of jobs :func:`apiary.lifecycle.reducer.submit` just made (job, attempt, tasks,
+    events), as one multi-row INSERT per table instead of the ORM's unit of work: a submission
+    creates rows only, and the unit of work's bookkeeping on them cost more than the inserts (the
+    issue "Tenancy and security" asks 200 submissions/s of one process). ``jobs``: each job's
+    record, its submit effects and the job row's fields the record does not carry (name,
+    spec_yaml, ...). Returns for each job, in order, detached rows holding the inserted values
+    (the answer's job and tasks; not in the session). Raises IntegrityError for a taken job id
+    (the job rows go first) and ValueError for effects a submission cannot have (scheduler
+    operations). Nothing is committed here."""
+    job_rows: list[dict[str, object]] = []
+    attempt_rows: list[dict[str, object]] = []
+    task_rows: list[dict[str, object]] = []
+    event_rows: list[dict[str, object]] = []
+    out: list[tuple[Job, list[Task]]] = []
+    for record, fx, fields in jobs:
+        if fx.ops:
+            raise ValueError(f"a new job has no scheduler operations, got {fx.ops!r}")
+        jv = _job_values(record, fields)
+        job_rows.append(jv)
+        attempt_rows.append(_attempt_values(record.id, record.attempt))  # the record's first attempt
+        if fx.new_attempt is not None:
+            attempt_rows.append(_attempt_values(record.id, fx.new_attempt))
+        tvs = [_task_values(record.id, t) for t in fx.new_tasks]
+        task_rows.extend(tvs)
+        event_rows.extend(dict(time=now, job_id=record.id, type=type_, data=data) for type_, data in fx.events)
+        out.append((Job(**jv), sorted((Task(**tv) for tv in tvs), key=lambda t: (t.task_role, t.index))))
+    s.execute(insert(Job), job_rows)
+    for model, rows in ((Attempt, attempt_rows), (Task, task_rows), (Event, event_rows)):
+        if rows:
+            s.execute(insert(model), rows)
     return out
