@@ -59,6 +59,11 @@ class Settings(BaseSettings):
         description="HiveD lazy preemption: downgrade victims to opportunistic, stop them only if needed.",
     )
     tick_s: float = Field(default=1.0, description="Scheduling-loop period when nothing wakes it earlier, seconds.")
+    cycle_min_interval_s: float = Field(
+        default=0.05, ge=0.0, le=10.0,
+        description="Shortest time from one scheduling cycle's start to the next, seconds: under a stream of "
+                    "submissions each cycle decides a batch of them (apiary.control.loop).",
+    )
     token: str | None = Field(
         default=None, description="Bearer token of CLI and client calls; default the file home/token (apiary login)."
     )

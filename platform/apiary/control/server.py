@@ -46,7 +46,7 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8470) -> None
     # Short collector pauses with a large scheduler state (apiary.gcpolicy): at 10,000 nodes a full
     # collection of the whole heap took 450 ms, stalling decisions and requests alike.
     gcpolicy.install()
-    loop = SchedulingLoop(plane, tick_s=settings.tick_s)
+    loop = SchedulingLoop(plane, tick_s=settings.tick_s, min_interval_s=settings.cycle_min_interval_s)
     loop.start()
     # Incident response: its escalation deadlines are in the store, so the worker picks up the
     # waits a killed control plane left behind.
