@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
-from sqlalchemy import insert, select
+from sqlalchemy import Table, insert, select
 from sqlalchemy.orm import Session
 
 from apiary.lifecycle import AttemptOutcome, Desired, ExecutionType, JobState, TaskState
@@ -235,6 +236,9 @@ def _task_values(job_id: str, t: TaskRecord) -> dict[str, object]:
     )
 
 
+_JOBS, _ATTEMPTS, _TASKS, _EVENTS = (cast(Table, m.__table__) for m in (Job, Attempt, Task, Event))
+
+
 def insert_new_jobs(s: Session, jobs: list[tuple[JobRecord, Effects, dict[str, object]]],
                     now: float) -> list[tuple[Job, list[Task]]]:
     """The rows of jobs :func:`apiary.lifecycle.reducer.submit` just made (job, attempt, tasks,
@@ -263,8 +267,10 @@ def insert_new_jobs(s: Session, jobs: list[tuple[JobRecord, Effects, dict[str, o
         task_rows.extend(tvs)
         event_rows.extend(dict(time=now, job_id=record.id, type=type_, data=data) for type_, data in fx.events)
         out.append((Job(**jv), sorted((Task(**tv) for tv in tvs), key=lambda t: (t.task_role, t.index))))
-    s.execute(insert(Job), job_rows)
-    for model, rows in ((Attempt, attempt_rows), (Task, task_rows), (Event, event_rows)):
-        if rows:
-            s.execute(insert(model), rows)
+    # Core on the session's connection (its transaction): the ORM's bulk INSERT path would still
+    # process every row for the identity map it does not need here.
+    conn = s.connection()
+    for table, rows in ((_JOBS, job_rows), (_ATTEMPTS, attempt_rows), (_TASKS, task_rows), (_EVENTS, event_rows)):
+        if rows:  # the job rows first: a taken id fails before anything else is written
+            conn.execute(insert(table), rows)
     return out
