@@ -409,19 +409,21 @@ class ControlPlane:
         with self._lock:
             # Group commit (apiary.control.intake): the first submitter to get the lock commits every
             # queued submission, so ours may already be answered by the time we get here.
-            while not pending.done:
-                self._commit_intake()
-        return pending.result()
+            while not pending.done and self._commit_intake():
+                pass
+        return pending.result()  # RuntimeError if it was drained but never settled (a bug)
 
     #: Most submissions committed in one transaction (one multi-row flush per table).
     INTAKE_BATCH = 64
 
-    def _commit_intake(self) -> None:
+    def _commit_intake(self) -> bool:
         """Commit the queued submissions (lock held): one transaction for a batch of up to
         :data:`INTAKE_BATCH`, each settled with its job's JSON or its error. A name already taken
         (in the store or earlier in the batch) refuses that submission only; a store that cannot
-        commit refuses the batch (nothing of it was accepted or applied)."""
+        commit refuses the batch (nothing of it was accepted or applied). False if none was queued."""
         batch = self._intake.drain(self.INTAKE_BATCH)
+        if not batch:
+            return False
         try:
             self._commit_batch(batch)
         except ConflictError:
@@ -434,10 +436,13 @@ class ControlPlane:
                     except Exception as e:
                         if not p.done:  # a taken name was settled with OpenPAI's message already
                             p.settle(error=e)
-        except Exception as e:
+        except BaseException as e:  # every drained submission is answered, whatever happened
             for p in batch:
                 if not p.done:
                     p.settle(error=e)
+            if not isinstance(e, Exception):
+                raise
+        return True
 
     def _commit_batch(self, batch: list[PendingSubmission]) -> None:
         """One transaction for ``batch``. Raises ConflictError when a job id is taken in the store
