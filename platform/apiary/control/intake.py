@@ -1,9 +1,9 @@
 """Group commit for submissions: concurrent ``submit`` calls share one transaction.
 
-A submission is parsed outside the plane's lock, then queued here; the checks that read the
-scheduler (its virtual cluster and sizes) and the caller's grant run in the batch, under the lock. Whoever takes the
-plane's lock next drains the whole queue and commits every queued submission in one transaction
-(one fsync on SQLite with ``synchronous=FULL``, one round trip on PostgreSQL), then answers each.
+A submission is parsed outside the plane's lock, then queued here. Whoever takes the plane's lock
+next drains the whole queue, runs the checks that read the scheduler (virtual cluster, sizes) and
+the caller's grant, and commits every accepted submission in one transaction (one fsync on SQLite
+with ``synchronous=FULL``, one round trip on PostgreSQL), then answers each.
 A caller whose submission was committed by another thread finds it answered once it holds the
 lock. This is the classic group commit of databases (PostgreSQL's ``commit_delay``, MySQL's binlog
 group commit); nobody waits on a timer, so a lone submission is committed at once.
@@ -25,10 +25,10 @@ if TYPE_CHECKING:
 
 @dataclass(eq=False)
 class PendingSubmission:
-    """One checked submission waiting for its batch's commit.
+    """One parsed submission waiting for its batch's checks and commit.
 
     ``answer`` is the job's JSON once committed; ``error`` what refused it (ConflictError for a
-    taken name, UnavailableError when the store cannot commit). Exactly one of them is set when
+    taken name, UnavailableError when the store cannot commit, or what a check raised). Exactly one of them is set when
     ``done``; both are written only by the thread that holds the plane's lock.
     """
 

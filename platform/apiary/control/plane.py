@@ -413,7 +413,7 @@ class ControlPlane:
                 pass
         return pending.result()  # RuntimeError if it was drained but never settled (a bug)
 
-    #: Most submissions committed in one transaction (one multi-row flush per table).
+    #: Most submissions committed in one transaction (one multi-row INSERT per table).
     INTAKE_BATCH = 64
 
     def _commit_intake(self) -> bool:

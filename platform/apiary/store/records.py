@@ -60,31 +60,46 @@ def _update(row: object, **values: object) -> None:
             setattr(row, name, value)
 
 
-def _write_task(rec: TaskRecord, row: Task) -> None:
-    _update(
-        row, attempt=rec.attempt, task_role=rec.task_role, index=rec.index, task_attempt=rec.task_attempt,
-        state=rec.state.value, node=rec.node, gpus=list(rec.gpus) if rec.node is not None else row.gpus,
-        desired=rec.desired.value, stop_reason=rec.stop_reason, run_id=rec.run_id, exit_code=rec.exit_code,
-        exit_phrase=rec.exit_phrase, pid=rec.pid, placed_at=rec.placed_at, started=rec.started,
-        finished=rec.finished, latest=rec.latest,
+def _task_columns(rec: TaskRecord, gpus: list | None) -> dict[str, object]:
+    """The task row's columns its lifecycle record owns (``gpus``: what the row should hold)."""
+    return dict(
+        attempt=rec.attempt, task_role=rec.task_role, index=rec.index, task_attempt=rec.task_attempt,
+        state=rec.state.value, node=rec.node, gpus=gpus, desired=rec.desired.value, stop_reason=rec.stop_reason,
+        run_id=rec.run_id, exit_code=rec.exit_code, exit_phrase=rec.exit_phrase, pid=rec.pid,
+        placed_at=rec.placed_at, started=rec.started, finished=rec.finished, latest=rec.latest,
     )
 
 
-def _write_job(rec: JobRecord, row: Job) -> None:
-    _update(
-        row, state=rec.state.value, execution_type=rec.execution_type.value, attempt=rec.attempt.index,
+def _write_task(rec: TaskRecord, row: Task) -> None:
+    # Without a node the record carries no GPUs: the row keeps the ones it holds.
+    _update(row, **_task_columns(rec, list(rec.gpus) if rec.node is not None else row.gpus))
+
+
+def _job_columns(rec: JobRecord) -> dict[str, object]:
+    """The job row's columns its lifecycle record owns."""
+    return dict(
+        state=rec.state.value, execution_type=rec.execution_type.value, attempt=rec.attempt.index,
         retries_user=rec.retries_user, retries_platform=rec.retries_platform, launch_time=rec.launch_time,
         completion_time=rec.completion_time, exit_code=rec.exit_code, exit_phrase=rec.exit_phrase,
         waiting_reason=rec.waiting_reason,
     )
 
 
-def _write_attempt(rec: AttemptRecord, row: Attempt) -> None:
-    _update(
-        row, created=rec.created, launched=rec.launched, finished=rec.finished,
+def _write_job(rec: JobRecord, row: Job) -> None:
+    _update(row, **_job_columns(rec))
+
+
+def _attempt_columns(rec: AttemptRecord) -> dict[str, object]:
+    """The attempt row's columns its lifecycle record owns."""
+    return dict(
+        created=rec.created, launched=rec.launched, finished=rec.finished,
         outcome=rec.outcome.value if rec.outcome is not None else None, exit_code=rec.exit_code,
         reason=rec.reason, preempted_by=rec.preempted_by,
     )
+
+
+def _write_attempt(rec: AttemptRecord, row: Attempt) -> None:
+    _update(row, **_attempt_columns(rec))
 
 
 @dataclass
@@ -209,31 +224,16 @@ def _loaded(row: Job, arow: Attempt | None, trows: list[Task], prows: list[Place
 
 
 def _job_values(record: JobRecord, fields: dict[str, object]) -> dict[str, object]:
-    return dict(
-        id=record.id, user=record.user, submission_time=record.submission_time, state=record.state.value,
-        execution_type=record.execution_type.value, attempt=record.attempt.index, retries_user=record.retries_user,
-        retries_platform=record.retries_platform, launch_time=record.launch_time,
-        completion_time=record.completion_time, exit_code=record.exit_code, exit_phrase=record.exit_phrase,
-        waiting_reason=record.waiting_reason, tags=None, **fields,
-    )
+    return dict(id=record.id, user=record.user, submission_time=record.submission_time, tags=None,
+                **_job_columns(record), **fields)
 
 
 def _attempt_values(job_id: str, a: AttemptRecord) -> dict[str, object]:
-    return dict(
-        job_id=job_id, index=a.index, created=a.created, launched=a.launched, finished=a.finished,
-        outcome=a.outcome.value if a.outcome is not None else None, exit_code=a.exit_code, reason=a.reason,
-        preempted_by=a.preempted_by,
-    )
+    return dict(job_id=job_id, index=a.index, **_attempt_columns(a))
 
 
 def _task_values(job_id: str, t: TaskRecord) -> dict[str, object]:
-    return dict(
-        job_id=job_id, attempt=t.attempt, task_role=t.task_role, index=t.index, task_attempt=t.task_attempt,
-        state=t.state.value, node=t.node, gpus=list(t.gpus) if t.node is not None else None,
-        desired=t.desired.value, stop_reason=t.stop_reason, run_id=t.run_id, exit_code=t.exit_code,
-        exit_phrase=t.exit_phrase, pid=t.pid, placed_at=t.placed_at, started=t.started, finished=t.finished,
-        latest=t.latest,
-    )
+    return dict(job_id=job_id, **_task_columns(t, list(t.gpus) if t.node is not None else None))
 
 
 _JOBS, _ATTEMPTS, _TASKS, _EVENTS = (cast(Table, m.__table__) for m in (Job, Attempt, Task, Event))
