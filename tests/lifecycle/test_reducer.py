@@ -96,6 +96,7 @@ def test_a_job_runs_and_succeeds_with_the_operations_a_shell_applies() -> None:
     assert not fx.ack  # a start is not final: the agent keeps reporting the run
     fx = exited(job, 0)
     assert types(fx) == ["task.exited", "job.completed"] and fx.ack
+    assert fx.touched == set()  # the node reported the exit itself: its agent need not poll again
     assert fx.ops == [Release(job.id, 0, None)]  # the whole attempt at once (it also drops a reservation)
     assert (job.state, job.exit_code, job.completion_time) == (JobState.SUCCEEDED, 0, 3.0)
 
@@ -119,7 +120,7 @@ def test_a_stopped_run_ends_stopped_whatever_its_code(code: int | None, lost: bo
     started(job, 1)
     fx = exited(job, 0, index=0)
     assert job.attempt.outcome is AttemptOutcome.SUCCEEDED and run(job, 1).desired is Desired.STOP
-    assert fx.stopping == [run(job, 1)] and fx.touched == {"n1", "n2"}
+    assert fx.stopping == [run(job, 1)] and fx.touched == {"n2"}  # n1 reported its own exit
     t = run(job, 1)
     step(job, RunReported(node="n2", run_id=t.run_id or "", exited=True, exit_code=code, lost=lost), 4.0)
     assert t.state is TaskState.STOPPED  # desired STOP decides, even for a vanished process
@@ -182,6 +183,7 @@ def test_a_lost_node_fails_its_runs_and_stops_the_rest_of_the_attempt() -> None:
     place(job, "n1", "n2")
     started(job, 0)  # instance 1 never reported started
     fx = step(job, NodeLost("n2"), 9.0)
+    assert fx.touched == {"n1", "n2"}  # n2's run ended here, not by its report; n1's is told to stop
     assert run(job, 1).exit_code == EXIT_NODE_LOST and run(job, 1).state is TaskState.FAILED
     assert run(job, 0).desired is Desired.STOP and job.attempt.outcome is AttemptOutcome.NODE_LOST
     assert "task.exited" in types(fx)

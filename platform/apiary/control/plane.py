@@ -1074,13 +1074,12 @@ class ControlPlane:
     def _launch(self, s: Session, job: Job, task: Task) -> dict:
         spec = self._spec(job)
         tr = spec.task_roles[task.task_role]
-        addresses = {n.name: n.address for n in s.scalars(select(Node))}
-        host_ips = {
-            (t.task_role, t.index): addresses.get(t.node, "127.0.0.1")
-            for t in latest_tasks(s, job, task.attempt)
-            if t.node
-        }
-        node_row = s.get(Node, task.node)
+        peers = [t for t in latest_tasks(s, job, task.attempt) if t.node]
+        # Only the nodes this job runs on (not every node row: an assignment poll is per run).
+        nodes = {name: (address, simulated) for name, address, simulated in s.execute(
+            select(Node.name, Node.address, Node.simulated_gpus).where(
+                Node.name.in_({t.node for t in peers} | {task.node})))}
+        host_ips = {(t.task_role, t.index): nodes[t.node][0] if t.node in nodes else "127.0.0.1" for t in peers}
         env = build_task_env(
             job_id=job.id,
             user=job.user,
@@ -1092,7 +1091,7 @@ class ControlPlane:
             index=task.index,
             gpus=list(task.gpus or []),
             attempt=task.attempt,
-            simulated_gpus=bool(node_row and node_row.simulated_gpus),
+            simulated_gpus=bool(nodes.get(task.node, (None, False))[1]),
         )
         prereq = next(
             (p for p in (spec.prerequisites or []) if p.type == "dockerimage" and p.name == tr.docker_image), None

@@ -339,8 +339,10 @@ class Effects:
 
     ``events``: ``(type, data)`` to append to the job's history at ``now``. ``ops``: scheduler operations
     and placement changes, in order (the control plane applies them to the scheduler only after its
-    commit). ``touched``: nodes whose assignments changed. ``stopping``: placed runs this step told to
-    stop (``desired`` became ``STOP``; their agents kill them). ``new_tasks``: task records this step created
+    commit). ``touched``: nodes whose agents must read their assignments again (a run to launch or
+    to stop there; not a run the node itself reported over, which merely leaves its list).
+    ``stopping``: placed runs this step told to stop (``desired`` became ``STOP``; their agents kill
+    them). ``new_tasks``: task records this step created
     (a new attempt's tasks, or an in-place retry's run). ``new_attempt``: the attempt record this step
     created (the job's previous one is finished). ``ack``: a :class:`RunReported` is fully recorded (the
     agent may forget the run). ``wake``: the job now has something to schedule. ``decided``: a
@@ -513,10 +515,12 @@ class _Step:
         code = r.exit_code
         if code is None:
             code = EXIT_LOST_PROCESS if r.lost else EXIT_STOPPED
-        self.task_exited(task, code, r.finished_at if r.finished_at is not None else self.now)
+        self.task_exited(task, code, r.finished_at if r.finished_at is not None else self.now, reported=True)
         self.fx.ack = True
 
-    def task_exited(self, task: TaskRecord, code: int, finished: float) -> None:
+    def task_exited(self, task: TaskRecord, code: int, finished: float, *, reported: bool = False) -> None:
+        """Record ``task``'s end with exit ``code`` at ``finished``. ``reported``: its own node said so
+        (a :class:`RunReported`), so that node's agent already knows the run is over."""
         job = self.job
         info = classify_exit(code)
         task.exit_code = code
@@ -556,7 +560,11 @@ class _Step:
             self.fx.touched.add(task.node)
             return
         self.fx.ops.append(Release(job.id, task.attempt, (task.key,)))
-        self.fx.touched.add(task.node)
+        if not reported:
+            # A run its node reported over needs no new read of the node's assignments (it just
+            # leaves the list): waking that agent cost a long-poll answer per finished run. A run
+            # ended here (node lost) wakes it so a returning agent stops the run at once.
+            self.fx.touched.add(task.node)
         if job.attempt.outcome is None:
             self.evaluate_completion()
         self.maybe_finish_attempt()
