@@ -881,3 +881,32 @@ def test_reconfigure_keeps_a_lazy_job_its_vc_no_longer_holds_as_opportunistic(tm
     assert [a["desired"] for a in plane.assignments(node)] == ["RUN"]
     assert [e["type"] for e in plane.events(job_id=job)][-1] == "job.downgraded"
     assert plane.cluster_status()["groups"][job]["downgraded"] is True
+
+
+def test_an_assignment_carries_each_instance_its_peers_hosts_and_its_own_placement(tmp_path: Path) -> None:
+    """The launch fields an agent gets: a two-instance job over two nodes learns both nodes'
+    reported addresses (PAI_HOST_IP_<role>_<index>), each run its own leaf cells and GPUs; a
+    one-instance job's run gets its own node's address and simulated flag."""
+    h = Harness(tmp_path, "one-vc", report_nodes=False)
+    addresses = {CAROL: "10.0.0.1", DAN: "10.0.0.2"}
+    for node, address in addresses.items():
+        h.plane.node_report(node, gpus=1, simulated_gpus=node == DAN, address=address, agent_id="t", runs=[])
+    gang = h.submit(6)  # two instances, one GPU each: one on each node
+    assert h.cycle().placed == [gang]
+    with h.sessions() as s:
+        cells = {(p.node, p.index): p.leaf_cells for p in s.scalars(select(Placement).where(Placement.job_id == gang))}
+    seen = {}
+    for node in (CAROL, DAN):
+        (a,) = h.plane.assignments(node)
+        launch = a["launch"]
+        index = launch["index"]
+        seen[index] = node
+        assert launch["leaf_cells"] == cells[(node, index)] and launch["leaf_cells"]
+        assert launch["env"]["PAI_CONTAINER_HOST_IP"] == addresses[node]
+        assert launch["env"]["APIARY_SIMULATED_GPUS"] == ("1" if node == DAN else "0")
+        assert a["labels"] == {"job": gang, "user": "alice", "virtual_cluster": "default", "task_role": "train",
+                               "index": str(index)}
+    for node in (CAROL, DAN):
+        (a,) = h.plane.assignments(node)
+        assert {k: v for k, v in a["launch"]["env"].items() if k.startswith("PAI_HOST_IP_")} == {
+            f"PAI_HOST_IP_train_{i}": addresses[n] for i, n in seen.items()}

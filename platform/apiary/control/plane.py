@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
-from sqlalchemy import delete, func, or_, select
+from sqlalchemy import and_, delete, func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from apiary import gcpolicy
@@ -1055,15 +1055,32 @@ class ControlPlane:
         Each item: ``{"runId", "desired": "RUN"|"STOP", "launch": TaskLaunch fields, "probes", "labels"}``.
         A run absent from the list must not run on the node.
         """
+        # An agent reads this after every change to its node (a run placed or told to stop): one
+        # query for the node's runs with their jobs and placements, one for the nodes they name,
+        # and the attempt's other runs only for a job of more than one instance (their hosts).
         with self._sessions() as s:
-            tasks = list(s.scalars(select(Task).where(Task.node == node, Task.state.in_(ACTIVE_TASK_STATES))))
+            rows = list(s.execute(
+                select(Task, Job, Placement.leaf_cells)
+                .join(Job, Job.id == Task.job_id)
+                .outerjoin(Placement, and_(Placement.job_id == Task.job_id, Placement.attempt == Task.attempt,
+                                           Placement.task_role == Task.task_role, Placement.index == Task.index))
+                .where(Task.node == node, Task.state.in_(ACTIVE_TASK_STATES))
+                .order_by(Task.id)
+            ).tuples())
+            peers: dict[tuple[str, int], list[Task]] = {}
+            for t, job, _ in rows:
+                if (job.id, t.attempt) not in peers:
+                    single = sum(r.instances for r in self._spec(job).task_roles.values()) == 1
+                    peers[(job.id, t.attempt)] = [t] if single else latest_tasks(s, job, t.attempt)
+            names = {p.node for ps in peers.values() for p in ps if p.node} | {node}
+            nodes = {name: (address, simulated) for name, address, simulated in s.execute(
+                select(Node.name, Node.address, Node.simulated_gpus).where(Node.name.in_(names)))}
             out = []
-            for t in tasks:
-                job = s.get(Job, t.job_id)
-                assert job is not None
+            for t, job, leaf_cells in rows:
                 spec = self._spec(job)
                 out.append({
-                    "runId": t.run_id, "desired": t.desired, "launch": self._launch(s, job, t),
+                    "runId": t.run_id, "desired": t.desired,
+                    "launch": self._launch(job, t, peers[(job.id, t.attempt)], nodes, leaf_cells),
                     "probes": probes_to_wire(*parse_probes(spec.extras, t.task_role)),
                     # For the node's task metrics (apiary_task_*{job,user,virtual_cluster,task_role,index}).
                     "labels": {"job": job.id, "user": job.user, "virtual_cluster": job.virtual_cluster,
@@ -1071,15 +1088,15 @@ class ControlPlane:
                 })
             return out
 
-    def _launch(self, s: Session, job: Job, task: Task) -> dict:
+    def _launch(self, job: Job, task: Task, peers: list[Task], nodes: dict[str, tuple[str | None, bool | None]],
+                leaf_cells: list | None) -> dict:
+        """``task``'s launch fields: ``peers`` are its attempt's latest runs (itself included),
+        ``nodes`` maps node name -> (address, simulated GPUs) for them, ``leaf_cells`` its placement's."""
         spec = self._spec(job)
         tr = spec.task_roles[task.task_role]
-        peers = [t for t in latest_tasks(s, job, task.attempt) if t.node]
-        # Only the nodes this job runs on (not every node row: an assignment poll is per run).
-        nodes = {name: (address, simulated) for name, address, simulated in s.execute(
-            select(Node.name, Node.address, Node.simulated_gpus).where(
-                Node.name.in_({t.node for t in peers} | {task.node})))}
-        host_ips = {(t.task_role, t.index): nodes[t.node][0] if t.node in nodes else "127.0.0.1" for t in peers}
+        # A node that never told its address (no row, or none in it) is taken to be this host.
+        host_ips = {(t.task_role, t.index): (nodes[t.node][0] if t.node in nodes else None) or "127.0.0.1"
+                    for t in peers if t.node}
         env = build_task_env(
             job_id=job.id,
             user=job.user,
@@ -1091,7 +1108,7 @@ class ControlPlane:
             index=task.index,
             gpus=list(task.gpus or []),
             attempt=task.attempt,
-            simulated_gpus=bool(nodes.get(task.node, (None, False))[1]),
+            simulated_gpus=bool(task.node in nodes and nodes[task.node][1]),
         )
         prereq = next(
             (p for p in (spec.prerequisites or []) if p.type == "dockerimage" and p.name == tr.docker_image), None
@@ -1105,9 +1122,6 @@ class ControlPlane:
             context = spec.template_context(task.task_role)
             image_auth = {k: render(v, context, f"prerequisites.{prereq.name}.auth.{k}")
                           for k, v in auth.model_dump(exclude_none=True).items()}
-        placement = s.scalar(select(Placement).where(
-            Placement.job_id == job.id, Placement.attempt == task.attempt, Placement.task_role == task.task_role,
-            Placement.index == task.index))
         return {
             "run_id": task.run_id,
             "job_id": job.id,
@@ -1122,7 +1136,7 @@ class ControlPlane:
             "cpu": tr.resource_per_instance.cpu,
             "memory_mb": tr.resource_per_instance.memory_mb,
             "virtual_cluster": job.virtual_cluster,
-            "leaf_cells": list(placement.leaf_cells) if placement is not None else [],
+            "leaf_cells": list(leaf_cells) if leaf_cells is not None else [],
             "image_auth": image_auth,
             "ports": dict(tr.resource_per_instance.ports or {}),
             "probes": probes_to_wire(*parse_probes(spec.extras, task.task_role)),
