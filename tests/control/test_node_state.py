@@ -124,3 +124,27 @@ def test_heartbeats_are_persisted_at_most_every_few_seconds(h1: Harness) -> None
     h1.tick(HEARTBEAT_PERSIST_S)
     h1.report(CAROL)
     assert stored() == h1.clock()
+
+
+def test_a_report_with_runs_writes_the_runs_and_leaves_a_fresh_node_row_alone(h1: Harness) -> None:
+    from sqlalchemy import select
+
+    from apiary.control.nodes import HEARTBEAT_PERSIST_S
+    from apiary.store import Node
+
+    def stored() -> float | None:
+        with h1.sessions() as s:
+            return s.scalar(select(Node.last_heartbeat).where(Node.name == CAROL))
+
+    job = h1.submit(0, **{"defaults.virtualCluster": "default"})
+    h1.cycle()
+    assert h1.task(job)["node"] == CAROL  # the one-vc config's first node
+    (a,) = h1.plane.assignments(CAROL)
+    t0 = stored()
+    h1.tick(1)
+    h1.report(CAROL, [h1.status(a["runId"], "running")])
+    assert h1.task(job)["state"] == "RUNNING"  # the run is recorded...
+    assert stored() == t0  # ...the node's row, which says the same, is not rewritten
+    h1.tick(HEARTBEAT_PERSIST_S)
+    h1.report(CAROL, [h1.status(a["runId"], "exited", 0)])
+    assert h1.job(job)["state"] == "SUCCEEDED" and stored() == h1.clock()  # due again: written with the runs

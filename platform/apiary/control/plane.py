@@ -928,9 +928,10 @@ class ControlPlane:
         Returns ``{"ack": [run_id]}``: runs whose final status is recorded (the agent may forget
         them). ``faults_applied``: the agent's high-water mark of applied fault ids (those faults are
         deleted). Raises NotFoundError for a node the cluster config does not declare,
-        UnavailableError (503) when the store cannot commit (the agent resends). A bare heartbeat from
-        a known healthy node touches only memory, and the store at most every
-        :data:`~apiary.control.nodes.HEARTBEAT_PERSIST_S`.
+        UnavailableError (503) when the store cannot commit (the agent resends). The node's row of a
+        known healthy node whose facts did not change is written at most every
+        :data:`~apiary.control.nodes.HEARTBEAT_PERSIST_S` (a bare heartbeat then touches only memory;
+        a report with runs writes only the runs).
         """
         self._known_node(node)
         runs = list(runs)
@@ -940,24 +941,28 @@ class ControlPlane:
             self._heartbeats[node] = now
             seen = self._reported.get(node)
             new_mark = faults_applied is not None and (seen is None or faults_applied != seen.faults_applied)
-            if (not runs and not new_mark and seen is not None and seen.info == info and seen.healthy
-                    and now - seen.beat < HEARTBEAT_PERSIST_S):
+            # The node's row already says all this (healthy, same facts, a heartbeat written within
+            # HEARTBEAT_PERSIST_S): leave it alone, whether or not the report carries runs.
+            fresh = (not new_mark and seen is not None and seen.info == info and seen.healthy
+                     and now - seen.beat < HEARTBEAT_PERSIST_S)
+            if fresh and not runs:
                 return {"ack": []}
             ack: list[str] = []
             with self._sessions() as s:
                 w = self._work(s)
-                row = s.get(Node, node)
-                if row is None:
-                    row = Node(name=node, cordoned=False)
-                    s.add(row)
-                was = schedulable(row) if row.healthy is not None else False
-                if row.healthy is False:
-                    logger.info("node=%s healthy again", node)
-                row.gpus, row.simulated_gpus, row.address, row.agent_id, row.metrics_url = info
-                row.healthy = True
-                row.last_heartbeat = now
-                if schedulable(row) != was or seen is None or not seen.healthy:
-                    w.node_health(node, schedulable(row))
+                if not fresh:
+                    row = s.get(Node, node)
+                    if row is None:
+                        row = Node(name=node, cordoned=False)
+                        s.add(row)
+                    was = schedulable(row) if row.healthy is not None else False
+                    if row.healthy is False:
+                        logger.info("node=%s healthy again", node)
+                    row.gpus, row.simulated_gpus, row.address, row.agent_id, row.metrics_url = info
+                    row.healthy = True
+                    row.last_heartbeat = now
+                    if schedulable(row) != was or seen is None or not seen.healthy:
+                        w.node_health(node, schedulable(row))
                 if new_mark:  # the agent applied these: they leave the queue
                     s.execute(delete(NodeFault).where(NodeFault.node == node, NodeFault.id <= faults_applied))
                 for run in runs:
@@ -981,7 +986,7 @@ class ControlPlane:
                 w.wake = w.wake or bool(runs)
                 w.commit("node report")
             mark = faults_applied if faults_applied is not None else (seen.faults_applied if seen else None)
-            self._reported[node] = _Seen(info, True, now, mark)
+            self._reported[node] = _Seen(info, True, seen.beat if fresh and seen else now, mark)
         return {"ack": ack}
 
     def cordon(self, node: str, cordoned: bool = True) -> dict:
