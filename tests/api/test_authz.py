@@ -153,6 +153,8 @@ ROUTES = [
     row("GET", f"/api/v2/jobs/{JOB}", {**PEOPLE, "bob": 404}),
     row("PUT", f"/api/v2/jobs/{JOB}/flowRun", {"admin": 204, "bridge": 204, "bob": 403},
         body=lambda who, w: {"json": {"id": "8c1a2b3c-0000-4000-8000-000000000001"}}),
+    row("PUT", "/api/v2/flowRuns", {"admin": 200, "bridge": 200, "bob": 403},
+        body=lambda who, w: {"json": {"links": [{"jobId": JOB, "flowRunId": "8c1a2b3c-0000-4000-8000-000000000003"}]}}),
     row("POST", f"/api/v2/jobs/{JOB}/clone", {"alice": 202, "admin": 202, "bridge": 202, "eve": 403, "bob": 404}),
     row("GET", f"/api/v2/jobs/{JOB}/logs", {"alice": 200, "admin": 200, "bridge": 200, "eve": 403, "bob": 404}),
     row("GET", "/api/v2/events", PEOPLE),
@@ -333,6 +335,8 @@ def test_hole_6_bob_cannot_touch_alice(world: World) -> None:
     assert c.post(f"/api/v2/nodes/{CAROL}/faults", json={"gpu": 0, "eccDbe": 1}, headers=h["bob"]).status_code == 403
     assert c.post("/api/v2/scheduler/cycle", headers=h["bob"]).status_code == 403
     r = c.put(f"/api/v2/jobs/{JOB}/flowRun", json={"id": "8c1a2b3c-0000-4000-8000-000000000002"}, headers=h["bob"])
+    assert r.status_code == 403
+    r = c.put("/api/v2/flowRuns", json={"links": [{"jobId": JOB, "flowRunId": "forged"}]}, headers=h["bob"])
     assert r.status_code == 403
     events = c.get("/api/v2/events", headers=h["bob"]).json()["events"]
     assert all(e["jobId"].startswith("bob~") for e in events)

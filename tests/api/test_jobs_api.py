@@ -389,3 +389,18 @@ def test_flow_run_link_is_recorded_and_an_unknown_job_is_404(client: TestClient)
     assert client.get(f"/api/v2/jobs/{job['id']}").json()["flowRunId"] == "run-42"
     r = client.put("/api/v2/jobs/alice~nope/flowRun", json={"id": "run-43"})
     assert r.status_code == 404 and "alice~nope" in r.text
+
+
+def test_flow_run_links_of_a_batch_are_recorded_at_once_and_unknown_jobs_named(client: TestClient) -> None:
+    a = submit(client, job_text(5)).json()["id"]
+    b = submit(client, job_text(5, name="job-config-5b")).json()["id"]
+    links = [{"jobId": a, "flowRunId": "run-1"}, {"jobId": "alice~nope", "flowRunId": "run-2"},
+             {"jobId": b, "flowRunId": "run-3"}, {"jobId": a, "flowRunId": "run-4"}]  # a twice: the last wins
+    r = client.put("/api/v2/flowRuns", json={"links": links})
+    assert r.status_code == 200 and r.json() == {"recorded": 2, "unknown": ["alice~nope"]}
+    assert [client.get(f"/api/v2/jobs/{j}").json()["flowRunId"] for j in (a, b)] == ["run-4", "run-3"]
+    assert client.put("/api/v2/flowRuns", json={"links": links}).json()["recorded"] == 2  # idempotent
+    too_many = [{"jobId": a, "flowRunId": f"run-{i}"} for i in range(1001)]
+    r = client.put("/api/v2/flowRuns", json={"links": too_many})
+    assert r.status_code in (400, 422) and "links" in r.text
+    assert client.get(f"/api/v2/jobs/{a}").json()["flowRunId"] == "run-4"  # the refused body changed nothing

@@ -187,6 +187,33 @@ def test_restart_does_not_duplicate(server, tmp_path):
     assert sorted(t.id for t in after["task_runs"]) == sorted(t.id for t in before["task_runs"])
 
 
+def test_a_batch_tells_apiary_its_new_flow_runs_in_one_call_and_redoes_it_when_apiary_is_away(server, tmp_path):
+    from apiary.errors import UnavailableError
+
+    src = MemoryEventSource()
+    jobs = [f"carol~batch-{i}" for i in range(3)]
+    for job_id in jobs:
+        feed_job(src, job_id)
+    real = src.set_flow_runs
+    calls = {"n": 0}
+
+    async def away_once(links: dict[str, str]) -> list[str]:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise UnavailableError("apiary restarting")
+        return await real(links)
+
+    src.set_flow_runs = away_once  # type: ignore[method-assign]
+    bridge = PrefectBridge(src, server.api_url, tmp_path / "bridge.json")
+    asyncio.run(bridge.sync_once())  # logs "unreachable" and backs off
+    assert bridge.cursor == 0 and src.flow_runs == {}  # the batch is not done
+    asyncio.run(bridge.sync_once())
+    assert len(src.link_batches) == 1 and set(src.link_batches[0]) == set(jobs)  # one call for the batch
+    for job_id in jobs:
+        (fr,) = settled(server.api_url, job_id)["flow_runs"]  # the redone batch made no second run
+        assert src.flow_runs[job_id] == str(fr.id)
+
+
 def test_attaches_to_existing_flow_run_and_leaves_its_state(server, tmp_path):
     from prefect.client.orchestration import PrefectClient
     from prefect.states import Running

@@ -110,6 +110,25 @@ class FlowRunRef(RequestBody):
     id: str = Field(max_length=64, description="The Prefect flow run id the job's task runs and logs are attached to.")
 
 
+#: Most links one ``PUT /api/v2/flowRuns`` takes (the bridge sends one batch's new flow runs).
+MAX_FLOW_RUN_LINKS = 1000
+
+
+class FlowRunLink(RequestBody):
+    jobId: str = Field(max_length=400, description="An Apiary job id (user~name).")
+    flowRunId: str = Field(max_length=64, description="The Prefect flow run the job is mirrored into.")
+
+
+class FlowRunLinks(RequestBody):
+    links: list[FlowRunLink] = Field(max_length=MAX_FLOW_RUN_LINKS,
+                                     description="Jobs and their flow runs; a job named twice keeps the last.")
+
+
+class FlowRunsRecorded(BaseModel):
+    recorded: int = Field(description="Links stored (jobs that exist).")
+    unknown: list[str] = Field(description="Job ids with no such job: left out.")
+
+
 class RunStatus(BaseModel):
     """One task run as the node's runtime backend sees it (``apiary.runtime.TaskStatus``)."""
 

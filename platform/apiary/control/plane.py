@@ -30,12 +30,12 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
-from sqlalchemy import and_, delete, func, or_, select
+from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from apiary import gcpolicy
@@ -579,11 +579,24 @@ class ControlPlane:
         return {"kept": kept, "stopped": stopped}
 
     def set_flow_run(self, job_id: str, flow_run_id: str) -> None:
-        """Record the Prefect flow run of a job (the bridge, once per job). Raises NotFoundError."""
-        with self._lock, self._sessions() as s, store_errors("set flow run"):
-            job = self._get_job(s, job_id)
-            job.flow_run_id = flow_run_id
+        """Record the Prefect flow run of a job. Idempotent. Raises NotFoundError."""
+        if self.set_flow_runs({job_id: flow_run_id}):
+            raise NotFoundError(f"Job {job_id} not found.")
+
+    def set_flow_runs(self, links: Mapping[str, str]) -> list[str]:
+        """Record the Prefect flow runs of several jobs (job id -> flow run id) in one transaction:
+        the bridge sends each batch's new runs at once. Idempotent. Returns the job ids that name
+        no job (left out), sorted. Raises UnavailableError when the store cannot commit."""
+        if not links:
+            return []
+        # The lock: a lifecycle step writes whole job rows (apiary.store.records) under it, and
+        # must not write back a flow run id it loaded before this one.
+        with self._lock, self._sessions() as s, store_errors("set flow runs"):
+            known = set(s.scalars(select(Job.id).where(Job.id.in_(list(links)))))
+            if known:
+                s.execute(update(Job), [{"id": j, "flow_run_id": links[j]} for j in sorted(known)])
             s.commit()
+        return sorted(set(links) - known)
 
     def _get_job(self, s: Session, job_id: str) -> Job:
         job = s.get(Job, job_id)

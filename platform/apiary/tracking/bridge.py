@@ -173,6 +173,7 @@ class PrefectBridge:
         self._log_polled: dict[str, float] = {}
         self._deployment_id: uuid.UUID | None = None
         self._cancel_checked = 0.0  # monotonic time of the last look for Cancel clicks
+        self._links: dict[str, str] = {}  # job id -> flow run id created by the current _flush
         self._cancel_after: datetime | None = None  # Cancelled runs that ended after this were seen
         self.cancel_poll_s = 1.0
 
@@ -411,7 +412,21 @@ class PrefectBridge:
             async with sem:
                 await self._busy_retry(lambda: self._flush_run(client, job_id, job))
 
+        self._links = {}
         await asyncio.gather(*(one(j, job) for j, job in out.touched.items()))
+        if self._links:
+            # The new runs' ids go to Apiary in one request, not one per job. A transient failure
+            # redoes the batch, whose runs the idempotency keys bring back with the same ids.
+            try:
+                unknown = await self.source.set_flow_runs(dict(self._links))
+            except Exception as exc:
+                if _is_transient(exc):
+                    raise
+                # Refused for good: the runs stay mirrored, Apiary just does not show their ids.
+                logger.error("flow run ids not recorded in Apiary jobs=%s error=%r", len(self._links), exc)
+                unknown = []
+            if unknown:
+                logger.warning("flow runs of jobs Apiary does not know: %s", ", ".join(unknown))
         # A task run opened and closed in the same batch is sent once, in its last state (its
         # start time still says when it opened).
         last = {tr["id"]: (job, tr, ch) for job, tr, ch in out.task_changes if job.get("flowRunId")}
@@ -784,7 +799,7 @@ class PrefectBridge:
         # create_flow_run() takes no idempotency key; this is the same POST with one.
         resp = await client.request("POST", "/flow_runs/", json=create.model_dump(mode="json", exclude_unset=True))
         fid = str(resp.json()["id"])
-        await self.source.set_flow_run(job_id, fid)
+        self._links[job_id] = fid  # told to Apiary for the whole batch at once (_flush)
         job["flowRunId"], job["owned"], job["shown"] = fid, True, _spec_dict(first)
 
     async def _watch_cancels(self, client: Any) -> None:

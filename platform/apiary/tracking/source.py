@@ -27,6 +27,9 @@ import httpx
 
 from apiary.errors import NotFoundError, UnavailableError, error_from_response
 
+#: Links per ``PUT /api/v2/flowRuns``: the API takes at most 1,000 (apiary.api.schemas.MAX_FLOW_RUN_LINKS).
+LINKS_PER_REQUEST = 1000
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["HttpEventSource", "JobEventSource", "MemoryEventSource"]
@@ -67,6 +70,12 @@ class JobEventSource(Protocol):
 
     async def set_flow_run(self, job_id: str, flow_run_id: str) -> None:
         """Record the Prefect flow run id of a job (``PUT /api/v2/jobs/{id}/flowRun``)."""
+        ...
+
+    async def set_flow_runs(self, links: dict[str, str]) -> list[str]:
+        """Record several jobs' flow run ids, job id -> flow run id (``PUT /api/v2/flowRuns``, one
+        request per 1,000). Idempotent; blocking; returns the job ids Apiary does not know (left
+        out); raises UnavailableError to mean "try again"."""
         ...
 
     async def stop(self, job_id: str) -> None:
@@ -153,6 +162,15 @@ class HttpEventSource:
     async def set_flow_run(self, job_id: str, flow_run_id: str) -> None:
         await self._request("PUT", f"/jobs/{job_id}/flowRun", f"flowRun job={job_id}", json={"id": flow_run_id})
 
+    async def set_flow_runs(self, links: dict[str, str]) -> list[str]:
+        items = [{"jobId": j, "flowRunId": f} for j, f in links.items()]
+        unknown: list[str] = []
+        for i in range(0, len(items), LINKS_PER_REQUEST):
+            resp = await self._request("PUT", "/flowRuns", f"flowRuns ({len(items)} jobs)",
+                                       json={"links": items[i:i + LINKS_PER_REQUEST]})
+            unknown += resp.json().get("unknown", [])
+        return unknown
+
     async def stop(self, job_id: str) -> None:
         await self._request("PUT", f"/jobs/{job_id}/executionType", f"stop job={job_id}", json={"value": "STOP"})
 
@@ -166,7 +184,8 @@ class MemoryEventSource:
     """In-memory :class:`JobEventSource`: a TEST DOUBLE, not a store.
 
     Feed it with :meth:`emit` (events get the next ``seq``), :meth:`set_job` and
-    :meth:`write_log`; it records :meth:`set_flow_run` calls in ``flow_runs`` and :meth:`stop`
+    :meth:`write_log`; it records flow run ids in ``flow_runs`` (each :meth:`set_flow_runs`
+    call's links also in ``link_batches``) and :meth:`stop`
     calls in ``stops``. Set
     ``fail`` to an exception to make every call raise it (Apiary down).
     """
@@ -176,6 +195,7 @@ class MemoryEventSource:
         self._jobs: dict[str, dict] = {}
         self._logs: dict[tuple[str, str, int, int, str], bytes] = {}
         self.flow_runs: dict[str, str] = {}
+        self.link_batches: list[dict[str, str]] = []  # each set_flow_runs call's links
         self.stops: list[str] = []
         self.fail: Exception | None = None
 
@@ -225,6 +245,13 @@ class MemoryEventSource:
         self.flow_runs[job_id] = flow_run_id
         if job_id in self._jobs:
             self._jobs[job_id]["flowRunId"] = flow_run_id
+
+    async def set_flow_runs(self, links: dict[str, str]) -> list[str]:
+        self._check()
+        self.link_batches.append(dict(links))
+        for job_id, flow_run_id in links.items():
+            await self.set_flow_run(job_id, flow_run_id)
+        return []
 
     async def stop(self, job_id: str) -> None:
         self._check()

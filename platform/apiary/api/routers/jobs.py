@@ -20,7 +20,9 @@ from apiary.api.schemas import (
     ErrorBody,
     EventsPage,
     ExecutionType,
+    FlowRunLinks,
     FlowRunRef,
+    FlowRunsRecorded,
     JobJson,
 )
 from apiary.auth import Principal
@@ -125,6 +127,15 @@ def flow_run(job_id: str, body: FlowRunRef, plane: Plane, _caller: AdminOrBridge
     """Record the Prefect flow run the job is mirrored into (the bridge calls it)."""
     plane.set_flow_run(job_id, body.id)
     return Response(status_code=204)
+
+
+@router.put("/flowRuns", response_model=FlowRunsRecorded)
+def flow_runs(body: FlowRunLinks, plane: Plane, _caller: AdminOrBridge) -> dict:
+    """Record the Prefect flow runs of several jobs in one transaction (the bridge, once per batch
+    of new flow runs). Idempotent. Unknown job ids are left out and named in ``unknown``."""
+    links = {link.jobId: link.flowRunId for link in body.links}
+    unknown = plane.set_flow_runs(links)
+    return {"recorded": len(links) - len(unknown), "unknown": unknown}
 
 
 # The answer is text, its errors JSON: FastAPI would document the errors under text/plain too.
