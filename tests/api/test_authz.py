@@ -153,6 +153,9 @@ ROUTES = [
     row("GET", f"/api/v2/jobs/{JOB}", {**PEOPLE, "bob": 404}),
     row("PUT", f"/api/v2/jobs/{JOB}/flowRun", {"admin": 204, "bridge": 204, "bob": 403},
         body=lambda who, w: {"json": {"id": "8c1a2b3c-0000-4000-8000-000000000001"}}),
+    row("POST", "/api/v2/logs/query", {"admin": 200, "bridge": 200, "alice": 403, "bob": 403},
+        body=lambda who, w: {"json": {"reads": [
+            {"jobId": JOB, "taskRole": "train", "index": 0, "attempt": 0, "stream": "stdout"}]}}),
     row("PUT", "/api/v2/flowRuns", {"admin": 200, "bridge": 200, "bob": 403},
         body=lambda who, w: {"json": {"links": [{"jobId": JOB, "flowRunId": "8c1a2b3c-0000-4000-8000-000000000003"}]}}),
     row("POST", f"/api/v2/jobs/{JOB}/clone", {"alice": 202, "admin": 202, "bridge": 202, "eve": 403, "bob": 404}),

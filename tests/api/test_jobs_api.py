@@ -391,6 +391,26 @@ def test_flow_run_link_is_recorded_and_an_unknown_job_is_404(client: TestClient)
     assert r.status_code == 404 and "alice~nope" in r.text
 
 
+def test_log_query_reads_several_instances_as_the_per_job_route_does(client: TestClient, plane) -> None:
+    for node in NODES:
+        report(client, node)
+    job = submit(client, job_text(5)).json()["id"]
+    assert client.post("/api/v2/scheduler/cycle").json()["placed"] == [job]
+    node, a = assignment(client, job)
+    plane.append_log(a["runId"], "stdout", 0, b"epoch 1\nepoch 2\n", node=node)
+    plane.append_log(a["runId"], "stderr", 0, b"warn\n", node=node)
+    reads = [{"jobId": job, "taskRole": "train", "index": 0, "attempt": 0, "stream": "stdout", "offset": 8},
+             {"jobId": job, "taskRole": "train", "index": 0, "attempt": 0, "stream": "stderr"},
+             {"jobId": "alice~nope", "taskRole": "train", "index": 0, "attempt": 0, "stream": "stdout"},
+             {"jobId": job, "taskRole": "nosuchrole", "index": 0, "attempt": 0, "stream": "stdout"}]
+    r = client.post("/api/v2/logs/query", json={"reads": reads})
+    assert r.status_code == 200 and r.json() == {"texts": ["epoch 2\n", "warn\n", None, None]}
+    single = client.get(f"/api/v2/jobs/{job}/logs", params={"offset": 8, "attempt": 0}).text
+    assert single == r.json()["texts"][0]
+    r = client.post("/api/v2/logs/query", json={"reads": [{**reads[0], "stream": "both"}]})
+    assert r.status_code in (400, 422) and "stream" in r.text
+
+
 def test_flow_run_links_of_a_batch_are_recorded_at_once_and_unknown_jobs_named(client: TestClient) -> None:
     a = submit(client, job_text(5)).json()["id"]
     b = submit(client, job_text(5, name="job-config-5b")).json()["id"]

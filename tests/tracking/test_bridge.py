@@ -209,6 +209,7 @@ def test_a_batch_tells_apiary_its_new_flow_runs_in_one_call_and_redoes_it_when_a
     assert bridge.cursor == 0 and src.flow_runs == {}  # the batch is not done
     asyncio.run(bridge.sync_once())
     assert len(src.link_batches) == 1 and set(src.link_batches[0]) == set(jobs)  # one call for the batch
+    assert src.log_batches == 2  # each try of the batch read every instance's output in one call
     for job_id in jobs:
         (fr,) = settled(server.api_url, job_id)["flow_runs"]  # the redone batch made no second run
         assert src.flow_runs[job_id] == str(fr.id)

@@ -26,6 +26,14 @@ def make_source(seen: list[httpx.Request]) -> HttpEventSource:
             return httpx.Response(200, text="hello\n"[int(request.url.params["offset"]):])
         if path == "/api/v2/jobs/a~b/flowRun":
             return httpx.Response(204)
+        if path == "/api/v2/logs/query":
+            reads = json.loads(request.content)["reads"]
+            return httpx.Response(200, json={"texts": [
+                "hello\n"[r["offset"]:] if r["jobId"] == "a~b" else None for r in reads]})
+        if path == "/api/v2/flowRuns":
+            links = json.loads(request.content)["links"]
+            unknown = [x["jobId"] for x in links if x["jobId"] != "a~b"]
+            return httpx.Response(200, json={"recorded": len(links) - len(unknown), "unknown": unknown})
         if path == "/api/v2/jobs/boom":
             return httpx.Response(503, json={"code": "UnavailableError", "message": "db down"})
         return httpx.Response(404, json={"code": "NoJobError", "message": "no such job"})
@@ -54,6 +62,26 @@ def test_http_source_speaks_the_contract():
     assert seen[0].url.params["limit"] == "3"
     assert seen[2].url.params["taskRole"] == "train" and seen[2].url.params["attempt"] == "1"
     assert seen[3].method == "PUT" and json.loads(seen[3].content) == {"id": "f1"}
+
+
+def test_http_source_batches_log_reads_and_flow_run_links():
+    seen: list[httpx.Request] = []
+    src = make_source(seen)
+    reads = [("a~b", "train", 0, 1, "stdout", 2), ("x~y", "train", 0, 0, "stderr", 0)]
+
+    async def go():
+        assert await src.logs_many(reads * 150) == ["llo\n", ""] * 150  # 300 reads: two requests
+        assert await src.set_flow_runs({"a~b": "f1", "x~y": "f2"}) == ["x~y"]
+        await src.aclose()
+
+    asyncio.run(go())
+    assert [(r.method, r.url.path) for r in seen] == [
+        ("POST", "/api/v2/logs/query"), ("POST", "/api/v2/logs/query"), ("PUT", "/api/v2/flowRuns")]
+    assert len(json.loads(seen[0].content)["reads"]) == 200 and len(json.loads(seen[1].content)["reads"]) == 100
+    assert json.loads(seen[0].content)["reads"][0] == {
+        "jobId": "a~b", "taskRole": "train", "index": 0, "attempt": 1, "stream": "stdout", "offset": 2}
+    assert json.loads(seen[2].content) == {"links": [{"jobId": "a~b", "flowRunId": "f1"},
+                                                     {"jobId": "x~y", "flowRunId": "f2"}]}
 
 
 def test_unreachable_apiary_is_unavailable():

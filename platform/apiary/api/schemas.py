@@ -124,6 +124,29 @@ class FlowRunLinks(RequestBody):
                                      description="Jobs and their flow runs; a job named twice keeps the last.")
 
 
+#: Most reads one ``POST /api/v2/logs/query`` takes (the bridge reads a batch's finished output).
+MAX_LOG_READS = 200
+
+
+class LogRead(RequestBody):
+    jobId: str = Field(max_length=400, description="An Apiary job id (user~name).")
+    taskRole: str = Field(max_length=100, description="The task role.")
+    index: int = Field(ge=0, le=1_000_000, description="The instance's index in its task role.")
+    attempt: int = Field(ge=0, le=1_000_000, description="The job attempt (0 for the first).")
+    stream: Literal["stdout", "stderr", "all"] = Field(description="Which output.")
+    offset: int = Field(default=0, ge=0, le=2**40, description="Bytes to skip.")
+
+
+class LogReads(RequestBody):
+    reads: list[LogRead] = Field(max_length=MAX_LOG_READS, description="Instance streams to read.")
+
+
+class LogTexts(BaseModel):
+    texts: list[str | None] = Field(
+        description="Per read, in order: the text from ``offset``, or null for a job, task role or "
+                    "instance that does not exist.")
+
+
 class FlowRunsRecorded(BaseModel):
     recorded: int = Field(description="Links stored (jobs that exist).")
     unknown: list[str] = Field(description="Job ids with no such job: left out.")

@@ -1356,6 +1356,18 @@ class ControlPlane:
             size = offset + len(data) if offset <= size else size + len(data)
         return size
 
+    def read_logs_many(self, reads: Iterable[tuple[str, str, int, int, str, int]]) -> list[str | None]:
+        """:meth:`read_logs` for each ``(job id, task role, index, attempt, stream, offset)``, in
+        order; None for a read whose job or task role does not exist (the others still answer)."""
+        out: list[str | None] = []
+        for job_id, role, index, attempt, stream, offset in reads:
+            try:
+                out.append(self.read_logs(job_id, task_role=role, index=index, attempt=attempt, stream=stream,
+                                          offset=offset))
+            except (NotFoundError, ValidationError):
+                out.append(None)
+        return out
+
     def read_logs(
         self, job_id: str, *, task_role: str | None = None, index: int = 0, attempt: int | None = None,
         stream: str = "stdout", offset: int = 0,

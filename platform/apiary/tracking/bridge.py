@@ -1016,17 +1016,24 @@ class PrefectBridge:
         job["inst"].setdefault(f"{attempt}/{role}/{index}", {})["shipped"] = True
 
     async def _ship_output(self, out: _Out) -> None:
-        """Read the output of every instance ``out.ships`` names from Apiary into ``out.logs``,
-        ``concurrency`` reads at a time."""
-        sem = asyncio.Semaphore(self.concurrency)
+        """Read the new output of every instance ``out.ships`` names from Apiary into ``out.logs``:
+        both streams of all of them in one request (per 200 streams), not two requests each."""
+        # An instance named twice (its run retried in place within the batch) is read once: the
+        # read covers every run of the attempt.
+        latest = {(item[0], item[2], item[3], item[4]): item for item in out.ships}
+        reads = [
+            (item, stream, int(item[1]["logOff"].get(f"{item[2]}/{item[3]}/{item[4]}/{stream}", 0)))
+            for item in latest.values()
+            for stream in ("stdout", "stderr")
+        ]
+        if not reads:
+            return
+        texts = await self.source.logs_many(
+            [(item[0], item[3], item[4], item[2], stream, off) for item, stream, off in reads])
+        for (item, stream, off), text in zip(reads, texts, strict=True):
+            self._take_output(out, *item, stream=stream, off=off, text=text)
 
-        async def one(item: tuple) -> None:
-            async with sem:
-                await self._read_output(out, *item)
-
-        await asyncio.gather(*(one(i) for i in out.ships))
-
-    async def _read_output(
+    def _take_output(
         self,
         out: _Out,
         job_id: str,
@@ -1037,36 +1044,36 @@ class PrefectBridge:
         final: bool,
         t: float | None,
         task_run: str | None,
+        *,
+        stream: str,
+        off: int,
+        text: str,
     ) -> None:
-        """New stdout/stderr of one instance as log rows, prefixed ``[role/index]`` (stderr lines
-        come from logger ``apiary.job.stderr``). While running only complete lines are taken (the
-        offset stops at the last newline); ``final`` takes the rest too. Offsets advance in the
-        job's record, which the batch restores if its writes fail."""
+        """An instance stream's new text (read from byte ``off``) as log rows, prefixed
+        ``[role/index]`` (stderr lines come from logger ``apiary.job.stderr``). While running only
+        complete lines are taken (the offset stops at the last newline); ``final`` takes the rest
+        too. Offsets advance in the job's record, which the batch restores if its writes fail."""
+        if not final:
+            cut = text.rfind("\n")
+            text = text[: cut + 1] if cut >= 0 else ""
+        if not text:
+            return
+        job["logOff"][f"{attempt}/{role}/{index}/{stream}"] = off + len(text.encode())
+        prefix = f"[{role}/{index}]" + (f"@{attempt}" if attempt else "")
         stamp = _iso(t)
-        for stream in ("stdout", "stderr"):
-            okey = f"{attempt}/{role}/{index}/{stream}"
-            off = int(job["logOff"].get(okey, 0))
-            text = await self.source.logs(job_id, role, index, attempt, stream, offset=off)
-            if not final:
-                cut = text.rfind("\n")
-                text = text[: cut + 1] if cut >= 0 else ""
-            if not text:
-                continue
-            job["logOff"][okey] = off + len(text.encode())
-            prefix = f"[{role}/{index}]" + (f"@{attempt}" if attempt else "")
-            for line in text.splitlines():
-                out.logs.append(
-                    (
-                        job,
-                        {
-                            "name": f"apiary.job.{stream}",
-                            "level": logging.INFO,
-                            "message": f"{prefix} {line[:_MAX_LINE_CHARS]}",
-                            "timestamp": stamp,
-                            "task_run_id": task_run,
-                        },
-                    )
+        for line in text.splitlines():
+            out.logs.append(
+                (
+                    job,
+                    {
+                        "name": f"apiary.job.{stream}",
+                        "level": logging.INFO,
+                        "message": f"{prefix} {line[:_MAX_LINE_CHARS]}",
+                        "timestamp": stamp,
+                        "task_run_id": task_run,
+                    },
                 )
+            )
 
     def _collect_running_output(self, out: _Out) -> None:
         """Name in ``out.ships`` the running instances whose complete output lines are due (at most

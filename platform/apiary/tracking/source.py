@@ -29,6 +29,8 @@ from apiary.errors import NotFoundError, UnavailableError, error_from_response
 
 #: Links per ``PUT /api/v2/flowRuns``: the API takes at most 1,000 (apiary.api.schemas.MAX_FLOW_RUN_LINKS).
 LINKS_PER_REQUEST = 1000
+#: Reads per ``POST /api/v2/logs/query``: the API takes at most 200 (apiary.api.schemas.MAX_LOG_READS).
+LOG_READS_PER_REQUEST = 200
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +68,12 @@ class JobEventSource(Protocol):
         self, job_id: str, task_role: str, index: int, attempt: int, stream: str, offset: int = 0
     ) -> str:
         """Text of one task instance's ``stream`` ("stdout" | "stderr") from byte ``offset`` on."""
+        ...
+
+    async def logs_many(self, reads: list[tuple[str, str, int, int, str, int]]) -> list[str]:
+        """:meth:`logs` for each ``(job id, task role, index, attempt, stream, offset)``, in order,
+        ``""`` where there is nothing (``POST /api/v2/logs/query``, one request per 200 reads).
+        Idempotent; blocking; raises UnavailableError to mean "try again"."""
         ...
 
     async def set_flow_run(self, job_id: str, flow_run_id: str) -> None:
@@ -159,6 +167,16 @@ class HttpEventSource:
             return ""  # no output (yet) for this instance
         return resp.text
 
+    async def logs_many(self, reads: list[tuple[str, str, int, int, str, int]]) -> list[str]:
+        texts: list[str] = []
+        for i in range(0, len(reads), LOG_READS_PER_REQUEST):
+            chunk = reads[i:i + LOG_READS_PER_REQUEST]
+            body = {"reads": [{"jobId": j, "taskRole": r, "index": x, "attempt": a, "stream": st, "offset": off}
+                              for j, r, x, a, st, off in chunk]}
+            resp = await self._request("POST", "/logs/query", f"logs of {len(chunk)} instance streams", json=body)
+            texts += [t or "" for t in resp.json()["texts"]]
+        return texts
+
     async def set_flow_run(self, job_id: str, flow_run_id: str) -> None:
         await self._request("PUT", f"/jobs/{job_id}/flowRun", f"flowRun job={job_id}", json={"id": flow_run_id})
 
@@ -196,6 +214,7 @@ class MemoryEventSource:
         self._logs: dict[tuple[str, str, int, int, str], bytes] = {}
         self.flow_runs: dict[str, str] = {}
         self.link_batches: list[dict[str, str]] = []  # each set_flow_runs call's links
+        self.log_batches = 0  # logs_many calls
         self.stops: list[str] = []
         self.fail: Exception | None = None
 
@@ -245,6 +264,10 @@ class MemoryEventSource:
         self.flow_runs[job_id] = flow_run_id
         if job_id in self._jobs:
             self._jobs[job_id]["flowRunId"] = flow_run_id
+
+    async def logs_many(self, reads: list[tuple[str, str, int, int, str, int]]) -> list[str]:
+        self.log_batches += 1
+        return [await self.logs(j, r, x, a, st, off) for j, r, x, a, st, off in reads]
 
     async def set_flow_runs(self, links: dict[str, str]) -> list[str]:
         self._check()

@@ -24,6 +24,8 @@ from apiary.api.schemas import (
     FlowRunRef,
     FlowRunsRecorded,
     JobJson,
+    LogReads,
+    LogTexts,
 )
 from apiary.auth import Principal
 from apiary.control import ControlPlane
@@ -167,6 +169,15 @@ def logs(
     job's owner, admins and the bridge only."""
     _owned(plane, caller, job_id, "read the logs of")
     return plane.read_logs(job_id, task_role=taskRole, index=index, attempt=attempt, stream=stream, offset=offset)
+
+
+@router.post("/logs/query", response_model=LogTexts)
+def logs_query(body: LogReads, plane: Plane, _caller: AdminOrBridge) -> dict:
+    """Several instances' output at once, each read as ``GET /jobs/{id}/logs`` reads it (the
+    bridge, once per batch of finished instances, instead of a request per stream). Admins and the
+    bridge only: a person reads their own jobs' logs one instance at a time."""
+    return {"texts": plane.read_logs_many(
+        [(r.jobId, r.taskRole, r.index, r.attempt, r.stream, r.offset) for r in body.reads])}
 
 
 @router.get("/events", response_model=EventsPage)
