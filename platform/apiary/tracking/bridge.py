@@ -39,7 +39,9 @@ has now, once per batch however many events it had (``concurrency`` jobs at a ti
 batch's task run changes go in ONE ``POST /events`` as ``prefect.task-run.*`` events (the way
 Prefect's own task engine reports task runs: the server's task run recorder writes them), its
 log rows in one ``POST /logs/`` per 500; finished jobs' summary artifacts wait in the state
-file until a pass has caught up with the events. A plain job
+file until a pass has caught up with the events. Towards Apiary a batch costs two requests too:
+its finished instances' output is read in one ``POST /api/v2/logs/query`` and its new flow runs'
+ids are recorded in one ``PUT /api/v2/flowRuns``. A plain job
 costs one to three flow-run requests (one when the bridge first sees it over; created
 "Submitted", Running and final when it sees each step) and a share of two bulk requests, plus its
 summary, where one request per step cost ~14.
