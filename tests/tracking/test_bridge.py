@@ -454,3 +454,50 @@ def test_a_version_1_state_file_is_read_with_its_open_task_runs_named_as_created
         "run:train:0": {"id": "b", "name": "run-train", "dynamicKey": "run:train:0", "attempt": 0},
     }
     assert "submitted" in job  # not bootstrapped again: its run exists
+
+
+def test_a_batch_reads_its_output_from_apiary_while_its_flow_runs_are_written(server, tmp_path):
+    # The two wait on different servers. Here the output read waits until a flow run of the
+    # batch exists: one-after-the-other (reads first) would time out and redo the batch.
+    src = MemoryEventSource()
+    feed_job(src, "dave~overlap")
+    bridge = PrefectBridge(src, server.api_url, tmp_path / "bridge.json")
+    real = src.logs_many
+    seen: list[bool] = []
+
+    async def read_after_a_run_exists(reads):
+        deadline = time.monotonic() + 20
+        while not bridge._links and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        seen.append(bool(bridge._links))
+        return await real(reads)
+
+    src.logs_many = read_after_a_run_exists  # type: ignore[method-assign]
+    asyncio.run(bridge.sync_once())
+    assert seen == [True]
+    assert bridge.cursor == len(src._events)
+    logs = settled(server.api_url, "dave~overlap")["logs"]
+    assert any("CUDA error: out of memory" in log.message for log in logs)
+
+
+def test_together_lets_every_step_finish_before_it_raises_and_prefers_a_lasting_failure():
+    from apiary.tracking.bridge import _together
+
+    finished: list[str] = []
+
+    async def step(name: str, delay: float, exc: BaseException | None = None) -> str:
+        await asyncio.sleep(delay)
+        finished.append(name)
+        if exc is not None:
+            raise exc
+        return name
+
+    assert asyncio.run(_together(step("a", 0.02), step("b", 0))) == ["a", "b"]
+    finished.clear()
+    with pytest.raises(ValueError):  # not transient: the batch is not simply redone
+        asyncio.run(_together(step("slow", 0.05), step("away", 0, OSError("reset")), step("bad", 0.01, ValueError())))
+    assert sorted(finished) == ["away", "bad", "slow"]  # the slow write was not left running
+    finished.clear()
+    with pytest.raises(OSError):
+        asyncio.run(_together(step("slow", 0.05), step("away", 0, OSError("reset"))))
+    assert sorted(finished) == ["away", "slow"]

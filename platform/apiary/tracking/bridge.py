@@ -40,8 +40,9 @@ batch's task run changes go in ONE ``POST /events`` as ``prefect.task-run.*`` ev
 Prefect's own task engine reports task runs: the server's task run recorder writes them), its
 log rows in one ``POST /logs/`` per 500; finished jobs' summary artifacts wait in the state
 file until a pass has caught up with the events. Towards Apiary a batch costs two requests too:
-its finished instances' output is read in one ``POST /api/v2/logs/query`` and its new flow runs'
-ids are recorded in one ``PUT /api/v2/flowRuns``. A plain job
+its finished instances' output is read in one ``POST /api/v2/logs/query`` (while the flow runs
+are written) and its new flow runs' ids are recorded in one ``PUT /api/v2/flowRuns`` (with the
+task runs and logs): a step waiting on one server never holds back the other's. A plain job
 costs one to three flow-run requests (one when the bridge first sees it over; created
 "Submitted", Running and final when it sees each step) and a share of two bulk requests, plus its
 summary, where one request per step cost ~14.
@@ -361,7 +362,6 @@ class PrefectBridge:
                 logger.error("event skipped seq=%s job=%s type=%s error=%r", ev["seq"], job_id, ev["type"], exc)
                 self._job(job_id)["lastSeq"] = ev["seq"]
         try:
-            await self._ship_output(out)
             await self._flush(client, out)
         except Exception as exc:
             if _is_transient(exc):
@@ -390,7 +390,6 @@ class PrefectBridge:
             j: json.dumps(self.state["jobs"][j]) for j in {*out.touched, *(s[0] for s in out.ships)}
         }
         try:
-            await self._ship_output(out)
             await self._flush(client, out)
         except Exception as exc:
             if _is_transient(exc):
@@ -398,15 +397,23 @@ class PrefectBridge:
             raise
 
     async def _flush(self, client: Any, out: _Out) -> None:
-        """Write what a batch recorded, flow run states first.
+        """Read the batch's finished output from Apiary and write what the batch recorded, flow
+        run states first.
 
         1. Each touched job's flow run: created (in the state the job has now, one request) or
            set to the wanted state; ``concurrency`` jobs at a time. This is what the UI lists.
-        2. Then, in bulk: every task run change of the batch as ``prefect.task-run.*`` events in
-           ONE ``POST /events`` (how Prefect's own task engine reports task runs; the server's
-           task run recorder writes them) and every log row in one ``POST /logs/`` per 500 rows.
+           Meanwhile the output of the instances ``out.ships`` names is read from Apiary
+           (:meth:`_ship_output`): the two wait on different servers, so neither waits for the
+           other.
+        2. Then, at once: the new runs' ids to Apiary in one ``PUT /api/v2/flowRuns``; every task
+           run change of the batch as ``prefect.task-run.*`` events in ONE ``POST /events`` (how
+           Prefect's own task engine reports task runs; the server's task run recorder writes
+           them); every log row in one ``POST /logs/`` per 500 rows.
         3. Summary artifacts of finished jobs are queued in the state file for
            :meth:`_flush_artifacts`.
+
+        Every step runs to its end before a failure is raised (:func:`_together`), so a batch that
+        is redone never races a write of its first try.
         """
         sem = asyncio.Semaphore(self.concurrency)
 
@@ -414,9 +421,15 @@ class PrefectBridge:
             async with sem:
                 await self._busy_retry(lambda: self._flush_run(client, job_id, job))
 
+        async def runs() -> None:
+            await _together(*(one(j, job) for j, job in out.touched.items()))
+
         self._links = {}
-        await asyncio.gather(*(one(j, job) for j, job in out.touched.items()))
-        if self._links:
+        await _together(runs(), self._ship_output(out))
+
+        async def links() -> None:
+            if not self._links:
+                return
             # The new runs' ids go to Apiary in one request, not one per job. A transient failure
             # redoes the batch, whose runs the idempotency keys bring back with the same ids.
             try:
@@ -429,15 +442,21 @@ class PrefectBridge:
                 unknown = []
             if unknown:
                 logger.warning("flow runs of jobs Apiary does not know: %s", ", ".join(unknown))
-        # A task run opened and closed in the same batch is sent once, in its last state (its
-        # start time still says when it opened).
-        last = {tr["id"]: (job, tr, ch) for job, tr, ch in out.task_changes if job.get("flowRunId")}
-        events = [self._task_event(job, tr, ch) for job, tr, ch in last.values()]
-        if events:
-            await self._busy_retry(lambda: client.request("POST", "/events", json=events))
-        rows = [{**row, "flow_run_id": job["flowRunId"]} for job, row in out.logs if job.get("flowRunId")]
-        for batch in _batches(rows):
-            await self._busy_retry(lambda b=batch: client.create_logs(b))
+
+        async def task_runs() -> None:
+            # A task run opened and closed in the same batch is sent once, in its last state (its
+            # start time still says when it opened).
+            last = {tr["id"]: (job, tr, ch) for job, tr, ch in out.task_changes if job.get("flowRunId")}
+            events = [self._task_event(job, tr, ch) for job, tr, ch in last.values()]
+            if events:
+                await self._busy_retry(lambda: client.request("POST", "/events", json=events))
+
+        async def logs() -> None:
+            rows = [{**row, "flow_run_id": job["flowRunId"]} for job, row in out.logs if job.get("flowRunId")]
+            for batch in _batches(rows):
+                await self._busy_retry(lambda b=batch: client.create_logs(b))
+
+        await _together(links(), task_runs(), logs())
 
         # Summaries wait until a pass has caught up with the events (sync_once): under load the
         # runs' states go first. They are kept in the state file until sent.
@@ -1139,6 +1158,17 @@ def _state(spec: StateSpec) -> Any:
     from prefect.states import State, StateType
 
     return State(type=StateType(spec.type), name=spec.name, message=spec.message)
+
+
+async def _together(*aws: Any) -> list[Any]:
+    """Await all of ``aws`` concurrently and let every one finish, then raise the first
+    non-transient failure, else the first failure (``asyncio.gather`` would raise at once and
+    leave the others running). Returns their results in order."""
+    results = await asyncio.gather(*aws, return_exceptions=True)
+    failures = [r for r in results if isinstance(r, BaseException)]
+    if failures:
+        raise next((f for f in failures if not _is_transient(f)), failures[0])
+    return results
 
 
 def _batches(rows: Iterable[dict]) -> Iterable[list[dict]]:
