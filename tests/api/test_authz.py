@@ -398,3 +398,41 @@ def test_users_are_rate_limited_with_retry_after_admins_and_machines_are_not(tmp
         codes = [c.post("/api/v2/jobs", content=secret_job(f"r{i}"), headers=bob).status_code for i in range(3)]
         assert codes == [202, 202, 429]  # the submission limit, before the call limit (3 calls)
     engine.dispose()
+
+
+def test_output_inside_a_node_report_is_stored_for_the_nodes_own_runs_only(world: World) -> None:
+    """Agents send small output with their report (NodeReport.logs). Dan's agent cannot write into
+    a run placed on Carol: the chunk is left out, Dan's heartbeat still counts; bad chunks are a
+    400 naming the field, with nothing stored."""
+    import base64
+
+    c, h = world.client, world.headers
+    b64 = lambda text: base64.b64encode(text.encode()).decode()  # noqa: E731
+    body = {"agentId": "t", "gpus": 1, "simulatedGpus": True, "runs": []}
+    size = len(f"using {SECRET}\n".encode())  # what the World's setup shipped with POST .../logs
+
+    def logs(text: str, offset: int = size) -> list[dict]:
+        return [{"runId": world.run_id, "stream": "stdout", "offset": offset, "data": b64(text)}]
+
+    r = c.post(f"/api/v2/nodes/{DAN}/status", json={**body, "logs": logs("forged\n")}, headers=h["agent-dan"])
+    assert r.status_code == 200, r.text
+    r = c.post(f"/api/v2/nodes/{CAROL}/status", json={**body, "logs": [{**logs("x")[0], "data": "not base64!"}]},
+               headers=h["agent-carol"])
+    assert r.status_code == 400 and "logs.data" in r.text
+    r = c.post(f"/api/v2/nodes/{CAROL}/status", json={**body, "logs": [{**logs("x")[0], "data": "zé=="}]},
+               headers=h["agent-carol"])
+    assert r.status_code == 400 and "logs.data" in r.text  # found by test_fuzz: it was a 500
+    r = c.post(f"/api/v2/nodes/{CAROL}/status", json={**body, "logs": logs("y" * (64 * 1024 + 1))},
+               headers=h["agent-carol"])
+    assert r.status_code == 400 and '"logs' in r.text
+    exited = {"run_id": world.run_id, "state": "exited", "exit_code": 0, "pid": 1, "started_at": 1.0,
+              "finished_at": 2.0}
+    r = c.post(f"/api/v2/nodes/{CAROL}/status", json={**body, "runs": [exited], "logs": logs("epoch 1 done\n")},
+               headers=h["agent-carol"])
+    assert r.status_code == 200 and r.json()["ack"] == [world.run_id]
+    text = c.get(f"/api/v2/jobs/{JOB}/logs", headers=h["alice"]).text
+    assert "epoch 1 done" in text and "forged" not in text and "not base64" not in text and "yyy" not in text
+    # Resent (the agent did not get the answer): stored once.
+    c.post(f"/api/v2/nodes/{CAROL}/status", json={**body, "logs": logs("epoch 1 done\n")}, headers=h["agent-carol"])
+    assert c.get(f"/api/v2/jobs/{JOB}/logs", headers=h["alice"]).text.count("epoch 1 done") == 1
+    assert world.state() == "SUCCEEDED"

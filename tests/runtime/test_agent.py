@@ -111,3 +111,66 @@ def test_the_agent_leaves_probing_to_a_runtime_that_runs_probes(tmp_path):
     assert watched == ["alice~j.a0.train.0.t10"]
     for run in ("alice~j.a0.train.0.t10", "alice~j.a0.train.0.t11"):
         agent.backend.stop(run, grace_s=1)
+
+
+def _agent_over_a_recorder(tmp_path):
+    """An agent whose HTTP client answers every call itself and records it (no control plane)."""
+    import json
+
+    import httpx
+
+    calls: list[tuple[str, dict | bytes]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path.endswith("/status"):
+            calls.append(("status", json.loads(request.content)))
+            return httpx.Response(200, json={"ack": []})
+        calls.append(("logs", request.content))
+        return httpx.Response(200, json={"size": 0})
+
+    agent = make_agent(tmp_path)
+    agent.client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    return agent, calls
+
+
+def _launch_and_wait(agent, run: str, command: str) -> None:
+    from tests.support.polling import until
+
+    a = assignment(run, "RUN")
+    a["launch"]["commands"] = [command]
+    agent._reconcile([a])
+    until(lambda: agent.backend.status(run).state == "exited", 30, f"{run} exited")
+
+
+def test_a_short_tasks_output_rides_in_the_report_of_its_exit(tmp_path):
+    import asyncio
+    import base64
+
+    agent, calls = _agent_over_a_recorder(tmp_path)
+    run = "alice~j.a0.train.0.t2"
+    _launch_and_wait(agent, run, "echo hi; echo oops >&2")
+    asyncio.run(agent._report_once())
+    assert [kind for kind, _ in calls] == ["status"]  # one request: no POST .../logs
+    body = calls[0][1]
+    assert [(r["run_id"], r["state"]) for r in body["runs"]] == [(run, "exited")]
+    sent = {c["stream"]: (c["offset"], base64.b64decode(c["data"])) for c in body["logs"]}
+    assert sent == {"stdout": (0, b"hi\n"), "stderr": (0, b"oops\n")}
+    calls.clear()
+    asyncio.run(agent._report_once())  # nothing new: nothing sent again (the heartbeat is not due)
+    assert calls == []
+
+
+def test_output_over_the_inline_cap_goes_first_with_post_logs(tmp_path):
+    import asyncio
+
+    from apiary.api.schemas import MAX_INLINE_LOG_BYTES
+    from apiary.runtime.agent import MAX_INLINE_LOG_BYTES as AGENT_CAP
+
+    assert AGENT_CAP == MAX_INLINE_LOG_BYTES  # what the agent sends is what the control plane takes
+    agent, calls = _agent_over_a_recorder(tmp_path)
+    run = "alice~j.a0.train.0.t3"
+    _launch_and_wait(agent, run, f"head -c {MAX_INLINE_LOG_BYTES + 1} /dev/zero")
+    asyncio.run(agent._report_once())
+    assert [kind for kind, _ in calls] == ["logs", "status"]  # the output before the exit
+    assert len(calls[0][1]) == MAX_INLINE_LOG_BYTES + 1 and "logs" not in calls[1][1]

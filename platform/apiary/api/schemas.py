@@ -10,6 +10,7 @@ validates and serializes them through these models. Times are ISO 8601 UTC strin
 
 from __future__ import annotations
 
+import base64
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
@@ -45,6 +46,12 @@ MAX_UNIX_S = 253_402_300_799.0
 #: plus as many exited ones not yet acknowledged. (25,000 runs in one report, which fit in the body
 #: cap, took the plane 8 s.)
 MAX_REPORT_RUNS = 2 * MAX_GPU
+
+#: Bounds of integer query parameters: the store's integers are 64-bit (a larger value would be
+#: an OverflowError, a 500), log offsets are bytes (1 TiB), indexes count instances and attempts.
+MAX_SEQ = 2**63 - 1
+MAX_OFFSET = 2**40
+MAX_INDEX = 1_000_000
 
 
 def check_text(data: Any) -> None:
@@ -185,8 +192,33 @@ class FaultRequest(RequestBody):
     clear: bool = Field(default=False, description="Reset the GPU's faults.")
 
 
+#: At most this many bytes of output ride in one node report (:class:`LogChunk`); an agent sends
+#: more with ``POST /api/v2/nodes/{node}/logs``.
+MAX_INLINE_LOG_BYTES = 64 * 1024
+_MAX_INLINE_LOG_CHARS = 4 * ((MAX_INLINE_LOG_BYTES + 2) // 3)  # its base64
+
+
+class LogChunk(RequestBody):
+    """Bytes of one run's stream sent with a node report, stored before the report's statuses, so a
+    run's output is complete when its exit is recorded. Idempotent like ``POST .../logs``."""
+
+    runId: str = Field(max_length=400)
+    stream: Literal["stdout", "stderr"]
+    offset: int = Field(ge=0, le=MAX_OFFSET, description="Byte offset of the first byte in the stream.")
+    data: str = Field(max_length=_MAX_INLINE_LOG_CHARS, description="The bytes, base64 (RFC 4648).")
+
+    def raw(self) -> bytes:
+        """The bytes. Raises ValidationError (400, field ``logs.data``) for data that is not base64."""
+        try:
+            return base64.b64decode(self.data, validate=True)
+        except ValueError as e:  # binascii.Error, or a character outside ASCII
+            raise ValidationError("logs.data", f"not base64: {e}") from None
+
+
 class NodeReport(RequestBody):
-    """A node agent's heartbeat with the statuses of its runs (``POST /api/v2/nodes/{node}/status``)."""
+    """A node agent's heartbeat with the statuses of its runs (``POST /api/v2/nodes/{node}/status``)
+    and, in ``logs``, up to :data:`MAX_INLINE_LOG_BYTES` of their new output (one request where a
+    short task's output and exit took two)."""
 
     metricsUrl: str | None = Field(default=None, max_length=2048, description="The agent's /metrics URL for this node.")
     agentId: str = Field(max_length=200)
@@ -198,6 +230,15 @@ class NodeReport(RequestBody):
         default=None, ge=0, le=2**63 - 1,
         description="The agent's high-water mark: the highest fault id it has applied (None: not reported).",
     )
+    logs: list[LogChunk] = Field(default=[], max_length=2 * MAX_REPORT_RUNS)
+
+    @model_validator(mode="after")
+    def _inline_logs_fit(self) -> NodeReport:
+        # The bytes the base64 stands for (the padding tells the last group's size).
+        if sum(len(c.data) * 3 // 4 - c.data[-2:].count("=") for c in self.logs) > MAX_INLINE_LOG_BYTES:
+            raise ValidationError("logs", f"more than {MAX_INLINE_LOG_BYTES} bytes of output in one report; "
+                                          "send the rest with POST /api/v2/nodes/{node}/logs")
+        return self
 
 
 # ============================================================================ jobs
@@ -570,12 +611,6 @@ def job_protocol_components() -> dict[str, Any]:
     defs = schema.pop("$defs", {})
     return {f"{_PROTOCOL_PREFIX}{name}": body for name, body in {**defs, "JobSpec": schema}.items()}
 
-
-#: Bounds of integer query parameters: the store's integers are 64-bit (a larger value would be
-#: an OverflowError, a 500), log offsets are bytes (1 TiB), indexes count instances and attempts.
-MAX_SEQ = 2**63 - 1
-MAX_OFFSET = 2**40
-MAX_INDEX = 1_000_000
 
 _ERRORS = {
     400: "The request is wrong; `field` names what (a bad body, parameter or job field).",

@@ -30,7 +30,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -1345,6 +1345,35 @@ class ControlPlane:
             if placed != node:
                 logger.warning("refused log node=%s run=%s: the run is placed on %s", node, run_id, placed)
                 raise ForbiddenError(f"Run {run_id} is not placed on node {node}.")
+        return self._write_log(run_id, stream, offset, data)
+
+    def append_logs(self, node: str, chunks: Sequence[tuple[str, str, int, bytes]]) -> list[int | None]:
+        """:meth:`append_log` for each ``(run id, stream, offset, bytes)`` a node report carries,
+        with one query for where the runs are placed. A chunk of a run not placed on ``node`` is
+        left out (None, logged) rather than refusing the report: the heartbeat and statuses with
+        it still count. Returns each chunk's stored size, in order. Raises ValidationError (bad
+        stream or offset) and UnavailableError (disk) as append_log does, before or while writing;
+        chunks are idempotent, so the agent resends the report."""
+        for _run, stream, offset, _data in chunks:
+            if stream not in ("stdout", "stderr"):
+                raise ValidationError("logs.stream", "must be stdout or stderr")
+            if offset < 0:
+                raise ValidationError("logs.offset", "must be >= 0")
+        if not chunks:
+            return []
+        with self._sessions() as s:
+            q = select(Task.run_id, Task.node).where(Task.run_id.in_({run for run, *_ in chunks}))
+            placed: dict[str, str | None] = {run: where for run, where in s.execute(q)}
+        sizes: list[int | None] = []
+        for run_id, stream, offset, data in chunks:
+            if placed.get(run_id) != node:
+                logger.warning("refused log node=%s run=%s: the run is placed on %s", node, run_id, placed.get(run_id))
+                sizes.append(None)
+                continue
+            sizes.append(self._write_log(run_id, stream, offset, data))
+        return sizes
+
+    def _write_log(self, run_id: str, stream: str, offset: int, data: bytes) -> int:
         path = self._log_file(run_id, stream)
         size = path.stat().st_size if path.exists() else 0
         if offset + len(data) > size:

@@ -4,8 +4,9 @@ Desired-state reconciliation, as a kubelet does: the agent long-polls
 ``GET /api/v2/nodes/{node}/assignments`` and, for every assignment, launches (``RUN``) or stops
 (``STOP``) the run through its :class:`~apiary.runtime.base.RuntimeBackend`; a running run the
 control plane no longer lists is stopped. It reports run statuses and a heartbeat with
-``POST /api/v2/nodes/{node}/status`` and ships logs with ``POST /api/v2/nodes/{node}/logs``
-before reporting a run's exit, so a finished job's logs are complete.
+``POST /api/v2/nodes/{node}/status``; new output up to MAX_INLINE_LOG_BYTES rides in that report
+(stored before its statuses), more goes first with ``POST /api/v2/nodes/{node}/logs``, so a
+finished job's logs are complete when its exit is recorded.
 
 Never twice: launches are idempotent by run id in the backend (it survives an agent restart), and
 a run whose exit the control plane acknowledged is tombstoned here and never launched again, even
@@ -20,6 +21,7 @@ without one process per node.
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import logging
 import os
@@ -27,7 +29,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
@@ -45,9 +47,14 @@ HEARTBEAT_S = 2.0
 REPORT_POLL_S = 0.25
 LONG_POLL_S = 10.0
 LOG_CHUNK = 256 * 1024
+#: Output sent with a report rather than with POST .../logs: the control plane's cap
+#: (apiary.api.schemas.MAX_INLINE_LOG_BYTES; a test keeps the two equal).
+MAX_INLINE_LOG_BYTES = 64 * 1024
 #: Set for tasks on a GPU with an injected ``degraded`` fault: the slowdown factor (a simulation;
 #: examples/stress/bench.py honours it).
 SLOWDOWN_ENV = "APIARY_SIMULATED_SLOWDOWN"
+_STREAMS: tuple[Literal["stdout"], Literal["stderr"]] = ("stdout", "stderr")
+_StreamKey = tuple[str, Literal["stdout", "stderr"]]  # (run id, stream)
 
 
 class NodeAgent:
@@ -299,9 +306,12 @@ class NodeAgent:
             if s.state == "exited":
                 self.prober.forget(s.run_id)
         changed = [s for s in statuses if self._sent.get(s.run_id) != _key(s)]
-        await self._ship_logs(statuses)
+        # New output rides in the report while it is small (a short task's output and its exit
+        # in one request); more goes first with POST .../logs, chunk by chunk.
+        inline, rest = self._new_output(statuses)
+        await self._ship_logs(rest)
         now = time.monotonic()
-        if not changed and now - self._last_beat < HEARTBEAT_S:
+        if not changed and not inline and now - self._last_beat < HEARTBEAT_S:
             return
         body = {
             "agentId": self.agent_id,
@@ -319,10 +329,17 @@ class NodeAgent:
                 for s in changed
             ],
         }
+        if inline:
+            body["logs"] = [
+                {"runId": run_id, "stream": stream, "offset": offset, "data": base64.b64encode(data).decode()}
+                for (run_id, stream), offset, data in inline
+            ]
         r = await self.client.post(f"{self.api}/api/v2/nodes/{self.node}/status", json=body, timeout=30,
                                    headers=self._auth)
         r.raise_for_status()
         self._last_beat = now
+        for key, offset, data in inline:
+            self._shipped[key] = offset + len(data)
         acked = set(r.json().get("ack", []))
         for s in changed:
             self._sent[s.run_id] = _key(s)
@@ -336,34 +353,63 @@ class NodeAgent:
                 self._sent.pop(s.run_id, None)
                 await asyncio.to_thread(self.backend.forget, s.run_id)
 
-    async def _ship_logs(self, statuses: list[TaskStatus]) -> None:
+    def _new_output(
+        self, statuses: list[TaskStatus],
+    ) -> tuple[list[tuple[_StreamKey, int, bytes]], list[tuple[_StreamKey, int, int]]]:
+        """The runs' output not shipped yet: ``(inline, rest)``. ``inline``: ``((run id, stream),
+        offset, bytes)`` to send with the report, at most MAX_INLINE_LOG_BYTES in all; ``rest``:
+        ``((run id, stream), offset, size)`` of the streams that did not fit, for :meth:`_ship_logs`.
+        Forgets the offsets of runs the control plane acknowledged over."""
+        inline: list[tuple[_StreamKey, int, bytes]] = []
+        rest: list[tuple[_StreamKey, int, int]] = []
+        budget = MAX_INLINE_LOG_BYTES
         for s in statuses:
-            for stream in ("stdout", "stderr"):
+            for stream in _STREAMS:
                 path = self.backend.log_path(s.run_id, stream)
                 if path is None or not path.exists():
                     continue
-                key = (s.run_id, stream)
+                key: _StreamKey = (s.run_id, stream)
                 offset = self._shipped.get(key, 0)
                 size = path.stat().st_size
-                while offset < size:
+                if size <= offset:
+                    continue
+                if size - offset <= budget:
                     with path.open("rb") as f:
                         f.seek(offset)
-                        chunk = f.read(LOG_CHUNK)
-                    if not chunk:
-                        break
-                    r = await self.client.post(
-                        f"{self.api}/api/v2/nodes/{self.node}/logs",
-                        params={"runId": s.run_id, "stream": stream, "offset": offset},
-                        content=chunk,
-                        headers={"Content-Type": "application/octet-stream", **self._auth},
-                        timeout=30,
-                    )
-                    r.raise_for_status()
-                    offset += len(chunk)
-                    self._shipped[key] = offset
+                        data = f.read(size - offset)
+                    if data:
+                        inline.append((key, offset, data))
+                        budget -= len(data)
+                else:
+                    rest.append((key, offset, size))
             if s.state == "exited" and s.run_id in self._tombstones:
                 self._shipped.pop((s.run_id, "stdout"), None)
                 self._shipped.pop((s.run_id, "stderr"), None)
+        return inline, rest
+
+    async def _ship_logs(self, streams: list[tuple[_StreamKey, int, int]]) -> None:
+        """Send each stream's bytes ``[offset, size)`` with ``POST .../logs``, LOG_CHUNK at a time."""
+        for key, offset, size in streams:
+            run_id, stream = key
+            path = self.backend.log_path(run_id, stream)
+            if path is None:
+                continue
+            while offset < size:
+                with path.open("rb") as f:
+                    f.seek(offset)
+                    chunk = f.read(min(LOG_CHUNK, size - offset))
+                if not chunk:
+                    break
+                r = await self.client.post(
+                    f"{self.api}/api/v2/nodes/{self.node}/logs",
+                    params={"runId": run_id, "stream": stream, "offset": offset},
+                    content=chunk,
+                    headers={"Content-Type": "application/octet-stream", **self._auth},
+                    timeout=30,
+                )
+                r.raise_for_status()
+                offset += len(chunk)
+                self._shipped[key] = offset
 
 
 def serve_node_metrics(node: str, registry: Any, host: str, port: int) -> Any:

@@ -36,8 +36,11 @@ _LOG_BODY = {
 
 @router.post("/status", response_model=NodeReportAck)
 def node_status(node: str, report: NodeReport, plane: Plane, _agent: NodeAgent) -> dict:
-    """The agent's heartbeat and its runs' statuses (idempotent). The node's own agent only; a run
-    placed on another node is acknowledged and ignored (logged)."""
+    """The agent's heartbeat, its runs' statuses and up to 64 KiB of their new output, stored first
+    (idempotent). The node's own agent only; a run placed on another node is acknowledged and
+    ignored, its output left out (logged)."""
+    if report.logs:
+        plane.append_logs(node, [(c.runId, c.stream, c.offset, c.raw()) for c in report.logs])
     return plane.node_report(
         node,
         gpus=report.gpus,
