@@ -415,7 +415,7 @@ def test_output_inside_a_node_report_is_stored_for_the_nodes_own_runs_only(world
         return [{"runId": world.run_id, "stream": "stdout", "offset": offset, "data": b64(text)}]
 
     r = c.post(f"/api/v2/nodes/{DAN}/status", json={**body, "logs": logs("forged\n")}, headers=h["agent-dan"])
-    assert r.status_code == 200, r.text
+    assert r.status_code == 200 and r.json()["logs"] == [None], r.text  # left out, and said so
     r = c.post(f"/api/v2/nodes/{CAROL}/status", json={**body, "logs": [{**logs("x")[0], "data": "not base64!"}]},
                headers=h["agent-carol"])
     assert r.status_code == 400 and "logs.data" in r.text
@@ -429,7 +429,7 @@ def test_output_inside_a_node_report_is_stored_for_the_nodes_own_runs_only(world
               "finished_at": 2.0}
     r = c.post(f"/api/v2/nodes/{CAROL}/status", json={**body, "runs": [exited], "logs": logs("epoch 1 done\n")},
                headers=h["agent-carol"])
-    assert r.status_code == 200 and r.json()["ack"] == [world.run_id]
+    assert r.status_code == 200 and r.json() == {"ack": [world.run_id], "logs": [size + len("epoch 1 done\n")]}
     text = c.get(f"/api/v2/jobs/{JOB}/logs", headers=h["alice"]).text
     assert "epoch 1 done" in text and "forged" not in text and "not base64" not in text and "yyy" not in text
     # Resent (the agent did not get the answer): stored once.

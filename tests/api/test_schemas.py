@@ -105,7 +105,7 @@ def test_models_keep_the_wire_names(model: type[BaseModel]) -> None:
 # ------------------------------------------------------------------------------ the answers
 def test_answers_round_trip_through_their_models_and_equal_the_plane(client: TestClient, plane: ControlPlane) -> None:
     for node in NODES:
-        assert shaped(report(client, node), s.NodeReportAck) == {"ack": []}
+        assert shaped(report(client, node), s.NodeReportAck, exclude_unset=True) == {"ack": []}
     probed = job_text(5, **{"extras.apiary.taskRoles.train.livenessProbe": PROBE})
     job = ok(client.post("/api/v2/jobs", content=probed, headers={"X-Test-User": "alice"}), 202)
     jid = job["id"]

@@ -113,8 +113,10 @@ def test_the_agent_leaves_probing_to_a_runtime_that_runs_probes(tmp_path):
         agent.backend.stop(run, grace_s=1)
 
 
-def _agent_over_a_recorder(tmp_path):
-    """An agent whose HTTP client answers every call itself and records it (no control plane)."""
+def _agent_over_a_recorder(tmp_path, *, takes_inline_logs: bool = True):
+    """An agent whose HTTP client answers every call itself and records it (no control plane).
+    ``takes_inline_logs=False`` answers as a control plane from before NodeReport.logs did (it
+    ignored the field: no ``logs`` in its answer)."""
     import json
 
     import httpx
@@ -124,8 +126,11 @@ def _agent_over_a_recorder(tmp_path):
     def answer(request: httpx.Request) -> httpx.Response:
         path = request.url.path
         if path.endswith("/status"):
-            calls.append(("status", json.loads(request.content)))
-            return httpx.Response(200, json={"ack": []})
+            body = json.loads(request.content)
+            calls.append(("status", body))
+            stored = [c["offset"] + len(c["data"]) for c in body.get("logs", [])]  # any list will do
+            return httpx.Response(200, json={"ack": [], "logs": stored} if takes_inline_logs and stored
+                                  else {"ack": []})
         calls.append(("logs", request.content))
         return httpx.Response(200, json={"size": 0})
 
@@ -174,3 +179,21 @@ def test_output_over_the_inline_cap_goes_first_with_post_logs(tmp_path):
     asyncio.run(agent._report_once())
     assert [kind for kind, _ in calls] == ["logs", "status"]  # the output before the exit
     assert len(calls[0][1]) == MAX_INLINE_LOG_BYTES + 1 and "logs" not in calls[1][1]
+
+
+def test_an_older_control_plane_that_ignores_output_in_reports_still_gets_it(tmp_path):
+    """During an upgrade a new agent may meet the old control plane, which drops unknown fields:
+    its answer has no ``logs``, so the agent sends that output with POST .../logs and, from then
+    on, sends output that way first."""
+    import asyncio
+
+    agent, calls = _agent_over_a_recorder(tmp_path, takes_inline_logs=False)
+    first, second = "alice~j.a0.train.0.t4", "alice~j.a0.train.0.t5"
+    _launch_and_wait(agent, first, "echo one")
+    asyncio.run(agent._report_once())
+    assert [kind for kind, _ in calls] == ["status", "logs"] and calls[1][1] == b"one\n"
+    calls.clear()
+    _launch_and_wait(agent, second, "echo two")
+    asyncio.run(agent._report_once())
+    assert [kind for kind, _ in calls] == ["logs", "status"] and calls[0][1] == b"two\n"
+    assert "logs" not in calls[1][1]

@@ -402,6 +402,12 @@ class NodeJson(BaseModel):
 
 class NodeReportAck(BaseModel):
     ack: list[str] = Field(description="Runs whose final status is recorded: the agent may forget them.")
+    logs: list[int | None] | None = Field(
+        default=None,
+        description="For a report with `logs`: each chunk's stream size once stored, in order (null: left "
+                    "out, the run is not on this node). Absent from an older control plane, which ignores "
+                    "`logs`: the agent then sends its output with POST /api/v2/nodes/{node}/logs.",
+    )
 
 
 class Fault(BaseModel):

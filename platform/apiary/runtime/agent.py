@@ -92,6 +92,7 @@ class NodeAgent:
         self._stopping: set[str] = set()
         self._sent: dict[str, tuple] = {}
         self._shipped: dict[tuple[str, str], int] = {}
+        self._inline = True  # output rides in reports (NodeReport.logs) unless the control plane ignores it
         self._report_now = asyncio.Event()
         self._last_beat = 0.0
         self.metrics_url = metrics_url
@@ -338,9 +339,18 @@ class NodeAgent:
                                    headers=self._auth)
         r.raise_for_status()
         self._last_beat = now
-        for key, offset, data in inline:
-            self._shipped[key] = offset + len(data)
-        acked = set(r.json().get("ack", []))
+        answer = r.json()
+        if inline and answer.get("logs") is None:
+            # A control plane from before NodeReport.logs ignored them (an upgrade under way):
+            # send them the old way, now (after the exit this once) and from here on.
+            logger.warning("node=%s control plane ignores output in reports; sending it with POST .../logs",
+                           self.node)
+            self._inline = False
+            await self._ship_logs([(key, offset, offset + len(data)) for key, offset, data in inline])
+        else:
+            for key, offset, data in inline:
+                self._shipped[key] = offset + len(data)
+        acked = set(answer.get("ack", []))
         for s in changed:
             self._sent[s.run_id] = _key(s)
         for s in statuses:
@@ -351,18 +361,20 @@ class NodeAgent:
                 self._labels.pop(s.run_id, None)
                 self._liveness_failed.pop(s.run_id, None)
                 self._sent.pop(s.run_id, None)
+                self._shipped.pop((s.run_id, "stdout"), None)
+                self._shipped.pop((s.run_id, "stderr"), None)
                 await asyncio.to_thread(self.backend.forget, s.run_id)
 
     def _new_output(
         self, statuses: list[TaskStatus],
     ) -> tuple[list[tuple[_StreamKey, int, bytes]], list[tuple[_StreamKey, int, int]]]:
         """The runs' output not shipped yet: ``(inline, rest)``. ``inline``: ``((run id, stream),
-        offset, bytes)`` to send with the report, at most MAX_INLINE_LOG_BYTES in all; ``rest``:
-        ``((run id, stream), offset, size)`` of the streams that did not fit, for :meth:`_ship_logs`.
-        Forgets the offsets of runs the control plane acknowledged over."""
+        offset, bytes)`` to send with the report, at most MAX_INLINE_LOG_BYTES in all (none once the
+        control plane turned out to ignore them); ``rest``: ``((run id, stream), offset, size)`` of
+        the streams that did not fit, for :meth:`_ship_logs`."""
         inline: list[tuple[_StreamKey, int, bytes]] = []
         rest: list[tuple[_StreamKey, int, int]] = []
-        budget = MAX_INLINE_LOG_BYTES
+        budget = MAX_INLINE_LOG_BYTES if self._inline else 0
         for s in statuses:
             for stream in _STREAMS:
                 path = self.backend.log_path(s.run_id, stream)
@@ -382,9 +394,6 @@ class NodeAgent:
                         budget -= len(data)
                 else:
                     rest.append((key, offset, size))
-            if s.state == "exited" and s.run_id in self._tombstones:
-                self._shipped.pop((s.run_id, "stdout"), None)
-                self._shipped.pop((s.run_id, "stderr"), None)
         return inline, rest
 
     async def _ship_logs(self, streams: list[tuple[_StreamKey, int, int]]) -> None:

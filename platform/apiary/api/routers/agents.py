@@ -34,14 +34,13 @@ _LOG_BODY = {
 }
 
 
-@router.post("/status", response_model=NodeReportAck)
+@router.post("/status", response_model=NodeReportAck, response_model_exclude_unset=True)
 def node_status(node: str, report: NodeReport, plane: Plane, _agent: NodeAgent) -> dict:
     """The agent's heartbeat, its runs' statuses and up to 64 KiB of their new output, stored first
     (idempotent). The node's own agent only; a run placed on another node is acknowledged and
     ignored, its output left out (logged)."""
-    if report.logs:
-        plane.append_logs(node, [(c.runId, c.stream, c.offset, c.raw()) for c in report.logs])
-    return plane.node_report(
+    stored = plane.append_logs(node, [(c.runId, c.stream, c.offset, c.raw()) for c in report.logs])
+    answer = plane.node_report(
         node,
         gpus=report.gpus,
         simulated_gpus=report.simulatedGpus,
@@ -51,6 +50,7 @@ def node_status(node: str, report: NodeReport, plane: Plane, _agent: NodeAgent) 
         metrics_url=report.metricsUrl,
         faults_applied=report.faultsApplied,
     )
+    return {**answer, "logs": stored} if report.logs else answer
 
 
 # Fault and assignment dicts carry only the fault kinds that were given; exclude_unset keeps it so
