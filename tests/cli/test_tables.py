@@ -1,4 +1,5 @@
-"""The CLI's tables at 80 columns: ids and node names are never cut, and ``cluster status`` prints a
+"""The CLI's tables at 80 columns: ids and node names are never cut, nor are the short columns
+beside them (a job's state), a waiting reason is shown whole, and ``cluster status`` prints a
 table unless asked for JSON (httpx.MockTransport, no server)."""
 
 from __future__ import annotations
@@ -53,26 +54,65 @@ def first_column(table: str) -> list[str]:
     return [line.split("│")[1].strip() for line in body if line.startswith("│")]
 
 
-def test_job_list_keeps_a_long_id_whole_at_80_columns(answers) -> None:
+def rows(listing: str) -> list[dict[str, str]]:
+    """The rows of a ``print_rows`` listing (header, a rule, then the body up to a blank line), each
+    as {header: cell}; a cell folded over several lines is joined back into one string."""
+    lines = listing.splitlines()
+    header = lines[0]
+    starts = [i for i in range(len(header)) if header[i] != " " and (i == 0 or header[i - 2:i] == "  ")]
+    names = [header[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+    out: list[dict[str, str]] = []
+    for line in lines[2:]:
+        if not line.strip():
+            break
+        cells = [line[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+        if any(cells[1:]) or not out:
+            out.append(dict(zip(names, cells, strict=True)))
+        else:  # a continuation line: only the first column goes on
+            out[-1][names[0]] += cells[0]
+    return out
+
+
+REASON = "Waiting for resources: VC default has 0 of 1 GPU-C leaf cells free"
+
+
+def test_job_list_keeps_a_long_id_and_every_state_whole_at_80_columns(answers) -> None:
     answers["/api/v2/jobs"] = [job(LONG_ID), job("bob~x", state="SUCCEEDED", waitingReason=None)]
     result = CliRunner().invoke(cli.app, ["job", "list"])
     assert result.exit_code == 0, result.output
-    table = shown()
-    assert max(map(len, table.splitlines())) <= 80  # nothing cropped: the other columns gave way
-    assert LONG_ID in first_column(table) and "bob~x" in first_column(table)
+    listing = shown()
+    assert max(map(len, listing.splitlines())) <= 80  # nothing runs past the terminal
+    assert "…" not in listing  # nothing cut with an ellipsis (the state column was "WAIT…")
+    assert [(r["id"], r["state"], r["vc"], r["priority"]) for r in rows(listing)] == [
+        (LONG_ID, "WAITING", "default", "prod"), ("bob~x", "SUCCEEDED", "default", "prod")]
+    # no room beside the table for a sentence: the reason is listed under it, whole
+    tail = " ".join(listing.split("waiting reason:", 1)[1].split())
+    assert tail == f"{LONG_ID}: {REASON}"
+
+
+def test_job_list_shows_the_waiting_reason_in_its_column_when_there_is_room(answers, monkeypatch) -> None:
+    monkeypatch.setattr(cli, "console", Console(file=io.StringIO(), width=160))
+    answers["/api/v2/jobs"] = [job("alice~mnist", waitingReason="Waiting [for] a cell")]  # not rich markup
+    assert CliRunner().invoke(cli.app, ["job", "list"]).exit_code == 0
+    [row] = rows(shown())
+    assert row["waiting reason"] == "Waiting [for] a cell" and "waiting reason:" not in shown()
 
 
 def test_job_list_folds_an_id_wider_than_the_terminal_and_keeps_every_character(answers) -> None:
     answers["/api/v2/jobs"] = [job(HUGE_ID)]
     assert CliRunner().invoke(cli.app, ["job", "list"]).exit_code == 0
-    assert "".join(first_column(shown())) == HUGE_ID
+    [row] = rows(shown())
+    assert row["id"] == HUGE_ID and row["state"] == "WAITING" and row["retries"] == "0"
+    assert max(map(len, shown().splitlines())) <= 80
 
 
 def test_node_list_keeps_long_names_whole(answers) -> None:
     name = "gpu-worker-rack-17-slot-4.cluster.example.internal"
     answers["/api/v2/nodes"] = [node(name), node("hostname-dan")]
     assert CliRunner().invoke(cli.app, ["node", "list"]).exit_code == 0
-    assert name in first_column(shown())
+    assert "…" not in shown() and max(map(len, shown().splitlines())) <= 80
+    assert [(r["name"], r["healthy"], r["cordoned"], r["simulated GPUs"]) for r in rows(shown())] == [
+        (name, "True", "False", "yes"), ("hostname-dan", "True", "False", "yes")]
 
 
 def test_job_submit_prints_the_id_on_one_line(answers, tmp_path) -> None:
@@ -95,8 +135,10 @@ def test_cluster_status_prints_a_table_by_default(answers, status: dict) -> None
     assert result.exit_code == 0, result.output
     table = shown()
     assert result.output == ""  # nothing went to stdout as JSON
-    assert "Virtual clusters (leaf cells)" in table and "quota" in table and "reserved" in table
-    assert {"default", "vc1"} <= set(first_column(table.split("Reservations")[0]))
+    title, vcs = table.split("\n", 1)
+    assert title == "Virtual clusters (leaf cells)" and "…" not in vcs.split("Reservations")[0]
+    by_vc = {r["virtual cluster"]: r for r in rows(vcs.split("Reservations")[0])}
+    assert set(by_vc) == {"default", "vc1"} and by_vc["vc1"]["quota"] == "1" and by_vc["vc1"]["opportunistic"] == "0"
     assert "bob~job-config-2" in table and "alice~job-config-1" in table and "hostname-dan/0" in table
 
 

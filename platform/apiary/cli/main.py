@@ -16,11 +16,11 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.table import Column, Table
+from rich.table import Table
 
 from apiary.cli.aiops import aiops_app
 from apiary.cli.chaos import chaos_app
-from apiary.cli.ci import ci_app
+from apiary.cli.ci import COMPACT, ci_app, folded, uncut, word
 from apiary.cli.deploy import deploy_app
 from apiary.cli.identity import add_identity_commands
 from apiary.cli.image import image_app
@@ -28,6 +28,7 @@ from apiary.cli.incident import incident_app, oncall_command
 from apiary.cli.load import load_app
 from apiary.cli.rollout import add_rollout_commands
 from apiary.cli.sim import sim_app
+from apiary.cli.tables import print_rows
 from apiary.errors import ApiaryError, PortInUseError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Apiary: multi-tenant GPU cluster platform.")
@@ -278,17 +279,6 @@ def job_get(job_id: str, as_json: bool = typer.Option(False, "--json", help="Pri
     _task_table(job)
 
 
-def _uncut_column(header: str, values: list[str]) -> Column:
-    """A table column for what users copy into the next command (job ids, node names): never cut.
-    It stays on one line while the terminal has room for it and the other columns wrap around it;
-    a value wider than the terminal is folded over several lines, every character kept."""
-    longest = max((len(v) for v in values), default=len(header))
-    room = max(console.width - 4, 1)  # the column's own borders and padding
-    if longest <= room:
-        return Column(header, no_wrap=True, min_width=longest)
-    return Column(header, overflow="fold", min_width=room)
-
-
 def _task_table(job: dict) -> None:
     t = Table("taskRole", "index", "state", "node", "gpus", "exitCode")
     for task in job["tasks"]:
@@ -314,11 +304,9 @@ def job_list(
     if as_json:
         print(json.dumps(jobs, indent=2))
         return
-    t = Table(_uncut_column("id", [j["id"] for j in jobs]), "state", "vc", "priority", "retries", "waiting reason")
-    for j in jobs:
-        t.add_row(j["id"], j["state"], j["virtualCluster"], j["priorityClass"], str(j["retries"]),
-                  j["waitingReason"] or "")
-    console.print(t)
+    print_rows(console, ("id", "state", "vc", "priority", "retries"),
+               [(j["id"], j["state"], j["virtualCluster"], j["priorityClass"], str(j["retries"])) for j in jobs],
+               sentence="waiting reason", sentences=[j["waitingReason"] or "" for j in jobs])
 
 
 @job_app.command("logs")
@@ -374,13 +362,12 @@ def node_list(as_json: bool = typer.Option(False, "--json", help="Print the node
     if as_json:
         print(json.dumps(nodes, indent=2))
         return
-    t = Table(_uncut_column("name", [n["name"] for n in nodes]), "gpus", "used", "simulated", "healthy", "cordoned",
-              "sku")
-    for n in nodes:
-        sim = "yes (simulated GPUs)" if n["simulatedGpus"] else ("no" if n["simulatedGpus"] is False else "-")
-        t.add_row(n["name"], str(n["gpus"]), str(n["gpusUsed"]), sim, str(n["healthy"]), str(n["cordoned"]),
-                  n["skuType"])
-    console.print(t)
+    def simulated(n: dict) -> str:  # the header says what "yes" means; "-": the agent has not said
+        return "yes" if n["simulatedGpus"] else ("no" if n["simulatedGpus"] is False else "-")
+
+    print_rows(console, ("name", "gpus", "used", "simulated GPUs", "healthy", "cordoned", "sku"),
+               [(n["name"], str(n["gpus"]), str(n["gpusUsed"]), simulated(n), str(n["healthy"]), str(n["cordoned"]),
+                 n["skuType"]) for n in nodes])
 
 
 @node_app.command("fault")
@@ -437,18 +424,17 @@ def cluster_status(
     if as_json:
         print(json.dumps(status, indent=2))
         return
-    t = Table("virtual cluster", "quota", "used", "free", "reserved", "opportunistic", "bad", "doomed",
-              title="Virtual clusters (leaf cells)")
-    for name, v in status["virtualClusters"].items():
-        t.add_row(name, *(str(v.get(k, "")) for k in ("quota", "used", "free", "reserved", "opportunisticUsed",
-                                                       "badCells", "doomedBadCells")))
-    console.print(t)
+    counts = ("quota", "used", "free", "reserved", "opportunisticUsed", "badCells", "doomedBadCells")
+    print_rows(console, ("virtual cluster", "quota", "used", "free", "reserved", "opportunistic", "bad", "doomed"),
+               [(name, *(str(v.get(k, "")) for k in counts)) for name, v in status["virtualClusters"].items()],
+               title="Virtual clusters (leaf cells)")
     reservations = status.get("reservations") or {}
     if not reservations:
         console.print("No reservations.")
         return
-    r = Table(_uncut_column("reserved for", list(reservations)), "priority", "victims", "cells",
-              title="Reservations (cells held for a preemptor)")
+    console.print("\nReservations (cells held for a preemptor)")
+    r = Table(uncut("reserved for", list(reservations), console), word("priority"), folded("victims"),
+              folded("cells"), **COMPACT)
     for group, res in reservations.items():
         r.add_row(group, str(res["priority"]), ", ".join(res["victims"]), ", ".join(res["cells"]))
     console.print(r)
