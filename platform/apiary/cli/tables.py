@@ -57,7 +57,7 @@ def print_rows(out: Console, headers: Sequence[str], rows: Sequence[Sequence[str
     unlimited = out.options.update_width(UNLIMITED)
     need = Measurement.get(out, unlimited, _table(whole, words, rows, None, sentences)).maximum
     if need > out.width:  # even without the sentence: fold the first column into what is left
-        longest = max((len(r[0]) for r in rows), default=len(key))
+        longest = max([len(key), *(len(r[0]) for r in rows)])  # the column's natural width, header included
         room = max(out.width - (need - longest), MIN_KEY_WIDTH)
         key_col, inline = Column(key, overflow="fold", width=room), False
     else:
