@@ -19,6 +19,7 @@ from tests.support.polling import until
 
 from apiary.api import create_app
 from apiary.auth import Directory
+from apiary.ci import webhooks
 from apiary.ci.intake import WebhookIntake
 from apiary.ci.starter import Pending, PipelineStarter, PrefectStarter, Started
 from apiary.ci.webhooks import PipelineRequest, sign
@@ -250,3 +251,158 @@ def test_prefect_starter_creates_an_idempotent_flow_run(tmp_path: Path) -> None:
     assert row["flowRunId"] == str(uuid.UUID(int=1)) and run["deployment"] == "dep-1"
     assert run["idempotency_key"] == "github-delivery-dp" and run["parameters"]["request"]["sha"] == PUSH_SHA
     h.engine.dispose()
+
+
+# ---------------------------------------------------------------- the edges of a signed delivery
+# GitHub's signature covers the body only: not its nesting, not X-GitHub-Event, not X-GitHub-Delivery.
+
+EVENTS = {"ping": "ping", "pull_request.opened": "pull_request", "pull_request.synchronize": "pull_request",
+          "pull_request.closed": "pull_request", "push.default-branch": "push", "push.tag": "push"}
+
+
+def _nested(depth: int) -> bytes:
+    """A push-shaped object whose ``commits`` nests arrays ``depth`` levels deep in all (the body is level 1)."""
+    doc = json.loads(payload("push.default-branch"))
+    doc["commits"] = "@"
+    head, tail = json.dumps(doc).encode().split(b'"@"')
+    return head + b"[" * (depth - 1) + b"]" * (depth - 1) + tail
+
+
+@pytest.mark.parametrize("body", [
+    b"[" * 100_000 + b"]" * 100_000,
+    b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    b'{"a": ' + b'{"b": ' * 100_000 + b"1" + b"}" * 100_001,
+    _nested(100_000),
+], ids=["array", "in-object", "objects", "push-shaped"])
+def test_signed_body_nested_100000_deep_is_400_not_500(h: Harness, starter: FakeStarter, body: bytes) -> None:
+    r = h.deliver("push", body, delivery="deep")
+    assert r.status_code == 400, r.text
+    assert r.json()["field"] == "body" and f"deeper than {webhooks.MAX_JSON_DEPTH} levels" in r.json()["message"]
+    assert h.deliveries() == {} and starter.calls == []
+
+
+def test_nesting_up_to_the_limit_is_accepted_one_more_is_not(h: Harness) -> None:
+    limit = webhooks.MAX_JSON_DEPTH
+    assert h.deliver("push", _nested(limit), delivery="at-limit").status_code == 202
+    r = h.deliver("push", _nested(limit + 1), delivery="over-limit")
+    assert r.status_code == 400 and r.json()["field"] == "body", r.text
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting(h: Harness, starter: FakeStarter) -> None:
+    doc = json.loads(payload("push.default-branch"))
+    doc["head_commit"]["message"] = '\\"[{' * 10_000  # escaped quotes do not end the string either
+    r = h.deliver("push", json.dumps(doc).encode(), delivery="brackets")
+    assert r.status_code == 202 and r.json()["kind"] == "deploy", r.text
+
+
+@pytest.mark.parametrize(("body", "depth"), [
+    (b"1", 0), (b"{}", 1), (b'[{"a": [1, {"b": []}]}]', 5), (b'{"s": "]]]][[[[{{{"}', 1),
+    (b'{"s": "\\\\", "t": [[]]}', 3), (b'{"s": "\\"[[[", "t": []}', 2), (b'{"s": "[[[[', 1),
+    (b"[" * 10 + b"]" * 10, 10), (b"[" * 1_000_000, 33),
+], ids=["scalar", "empty", "mixed", "in-string", "escaped-backslash", "escaped-quote", "unterminated",
+        "ten", "stops-past-limit"])
+def test_json_depth_counts_brackets_outside_strings(body: bytes, depth: int) -> None:
+    assert webhooks.json_depth(body, limit=32) == depth
+
+
+@pytest.mark.parametrize("name", sorted(EVENTS))
+@pytest.mark.parametrize("event", ["push", "pull_request", "ping"])
+def test_event_header_must_match_the_payload(h: Harness, starter: FakeStarter, name: str, event: str) -> None:
+    """Every GitHub example of push, pull_request and ping is accepted as its own event and refused
+    as each of the other two (a signed pull-request body sent as ``push`` never becomes a deploy)."""
+    r = h.deliver(event, payload(name), delivery="e-1")
+    if EVENTS[name] == event:
+        assert r.status_code == 202, r.text
+        return
+    assert r.status_code == 400, r.text
+    assert r.json()["field"] == "X-GitHub-Event" and f"not a {event} payload" in r.json()["message"]
+    assert h.deliveries() == {} and starter.calls == [] and not starter.entered.is_set()
+
+
+def test_push_with_a_mistyped_field_is_400_naming_it(h: Harness) -> None:
+    doc = json.loads(payload("push.default-branch"))
+    doc["commits"], doc["deleted"] = {}, "false"
+    r = h.deliver("push", json.dumps(doc).encode())
+    assert r.status_code == 400 and r.json()["field"] == "X-GitHub-Event", r.text
+    assert "deleted (boolean), commits (array)" in r.json()["message"]
+
+
+def test_same_body_under_a_new_delivery_id_is_a_duplicate(h: Harness, starter: FakeStarter) -> None:
+    body = payload("push.default-branch")
+    assert h.deliver("push", body, delivery="first").json()["duplicate"] is False
+    until(lambda: h.state("first", "started"), DEADLINE_S, "the first delivery started")
+    r = h.deliver("push", body, delivery="replay")
+    assert r.status_code == 202, r.text
+    assert r.json()["duplicate"] is True and r.json()["delivery"] == "replay"
+    assert "the same body as delivery first" in r.json()["reason"]
+    assert list(h.deliveries()) == ["first"] and len(starter.calls) == 1
+
+
+def test_same_body_is_a_duplicate_per_event(h: Harness) -> None:
+    body = b'{"action": "opened"}'
+    assert h.deliver("issues", body, delivery="i-1").json()["duplicate"] is False
+    assert h.deliver("issues", body, delivery="i-2").json()["duplicate"] is True
+    assert h.deliver("label", body, delivery="l-1").json()["duplicate"] is False
+    assert set(h.deliveries()) == {"i-1", "l-1"}
+
+
+def test_a_replayed_body_is_a_duplicate_after_a_restart(tmp_path: Path) -> None:
+    body = payload("pull_request.opened")
+    first = Harness(tmp_path, FakeStarter())
+    assert first.deliver("pull_request", body, delivery="before").json()["duplicate"] is False
+    until(lambda: first.state("before", "started"), DEADLINE_S, "the delivery started")
+    first.engine.dispose()
+    starter = FakeStarter()
+    again = Harness(tmp_path, starter)  # a new control plane on the same store
+    try:
+        r = again.deliver("pull_request", body, delivery="after")
+        assert r.status_code == 202 and r.json()["duplicate"] is True, r.text
+        assert list(again.deliveries()) == ["before"] and starter.calls == []
+    finally:
+        again.engine.dispose()
+
+
+def test_concurrent_replays_record_and_start_one(h: Harness) -> None:
+    body = payload("pull_request.opened")
+    digest = webhooks.body_sha256(body)
+    doc = json.loads(body)
+    barrier = threading.Barrier(4)
+    answers: list[bool] = []
+
+    def accept(n: int) -> None:
+        barrier.wait(DEADLINE_S)
+        answers.append(h.intake.accept("pull_request", f"race-{n}", doc, digest).duplicate)
+
+    threads = [threading.Thread(target=accept, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEADLINE_S)
+    assert sorted(answers) == [False, True, True, True]
+    assert len(h.deliveries()) == 1
+
+
+def test_rows_from_before_body_hashes_stay_and_do_not_collide(tmp_path: Path) -> None:
+    """A store migrated before bodies were hashed keeps its deliveries (no hash: never a duplicate)."""
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import text
+
+    from apiary.store.engine import MIGRATIONS
+
+    engine = make_engine(f"sqlite:///{tmp_path}/a.db")
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0007")
+        for n in (1, 2):
+            conn.execute(text("INSERT INTO ci_deliveries (delivery, event, kind, state, reason, received_at) "
+                              f"VALUES ('old-{n}', 'push', 'ignored', 'accepted', '', {n})"))
+    engine.dispose()
+    h = Harness(tmp_path, FakeStarter())  # migrates to the newest revision
+    try:
+        assert h.deliver("push", payload("push.tag"), delivery="new").json()["duplicate"] is False
+        assert set(h.deliveries()) == {"old-1", "old-2", "new"}
+    finally:
+        h.engine.dispose()

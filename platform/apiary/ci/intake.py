@@ -1,9 +1,12 @@
 """The webhook intake: record a delivery in the store first, start its pipeline in the background.
 
 1. :meth:`WebhookIntake.accept` (on the request's path, fast): classify the delivery and insert its
-   ``ci_deliveries`` row. A delivery id already there is a duplicate: nothing new is recorded or
-   started. The row is committed before anything is started, so a crash after the answer loses
-   nothing (the row stays ``accepted``).
+   ``ci_deliveries`` row with the SHA-256 of its body. A delivery id already there is a duplicate,
+   and so is a body already there for the same event under another delivery id (GitHub's signature
+   covers the body only, so a captured delivery could otherwise be replayed with a fresh id; a
+   unique index on ``(event, body_sha256)`` decides, across restarts and between concurrent
+   requests): nothing new is recorded or started. The row is committed before anything is
+   started, so a crash after the answer loses nothing (the row stays ``accepted``).
 2. :meth:`WebhookIntake.start_later` hands a pipeline request to one daemon thread, which calls the
    :class:`~apiary.ci.starter.PipelineStarter` and records the outcome: ``started`` with the flow
    run id, ``pending`` with the reason (no deployment yet; Prefect not reachable), or ``failed``.
@@ -72,8 +75,11 @@ class WebhookIntake:
     def configured(self) -> bool:
         return bool(self.secret)
 
-    def accept(self, event: str, delivery: str, payload: dict[str, Any]) -> Accepted:
-        """Classify and record one delivery (commits); ``duplicate`` when ``delivery`` is already recorded."""
+    def accept(self, event: str, delivery: str, payload: dict[str, Any], body_sha256: str) -> Accepted:
+        """Classify and record one delivery (commits); ``body_sha256`` is
+        :func:`~apiary.ci.webhooks.body_sha256` of its raw body. ``duplicate`` (nothing recorded,
+        ``request`` None) when ``delivery`` is already recorded, or a delivery of the same
+        ``event`` with the same body is (its reason names that delivery)."""
         what: Classified = classify(event, payload)
         request = what if isinstance(what, PipelineRequest) else None
         reason = getattr(what, "reason", "") if not isinstance(what, Ping) else "pong"
@@ -81,17 +87,24 @@ class WebhookIntake:
             delivery=delivery, event=event, action=_clip(payload.get("action"), 64), repo=_clip(what.repo, 200),
             pr_number=request.pr_number if request else None, sha=_clip(request.sha, 64) if request else None,
             ref=_clip(request.ref, 300) if request else None, kind=what.kind, state="accepted",
-            reason=_clip(reason, 2000) or "", received_at=self.clock(),
+            reason=_clip(reason, 2000) or "", received_at=self.clock(), body_sha256=body_sha256,
         )
         try:
             with self.sessions() as session, session.begin():
                 session.add(row)
         except IntegrityError:
             with self.sessions() as session:
-                if session.get(CiDelivery, delivery) is None:
-                    raise  # not the primary key: a real failure
-            logger.info("ci delivery duplicate: delivery=%s event=%s", delivery, event)
-            return Accepted(delivery, event, what.kind, True, "already received", None)
+                if session.get(CiDelivery, delivery) is not None:
+                    logger.info("ci delivery duplicate: delivery=%s event=%s", delivery, event)
+                    return Accepted(delivery, event, what.kind, True, "already received", None)
+                first = session.scalars(select(CiDelivery.delivery).where(
+                    CiDelivery.event == event, CiDelivery.body_sha256 == body_sha256).limit(1)).first()
+            if first is None:
+                raise  # neither the delivery id nor the body: a real failure
+            logger.warning("ci delivery replayed: delivery=%s event=%s has the body of delivery=%s",
+                           delivery, event, first)
+            return Accepted(delivery, event, what.kind, True, f"already received: the same body as delivery {first}",
+                            None)
         logger.info("ci delivery accepted: delivery=%s event=%s kind=%s repo=%s", delivery, event, what.kind, what.repo)
         return Accepted(delivery, event, what.kind, False, reason, request)
 

@@ -1,7 +1,16 @@
-"""GitHub webhook deliveries: the signature and what a delivery asks for. Pure (no I/O, no clock).
+"""GitHub webhook deliveries: the signature, the body, and what a delivery asks for. Pure (no I/O, no clock).
 
 GitHub signs each delivery with the webhook's secret: ``X-Hub-Signature-256: sha256=<hex>``, the
-HMAC-SHA256 of the raw request body (docs.github.com, "Validating webhook deliveries").
+HMAC-SHA256 of the raw request body (docs.github.com, "Validating webhook deliveries"). The
+signature covers the body only, not ``X-GitHub-Event`` nor ``X-GitHub-Delivery``, so a signed body
+is checked against the event it is delivered as:
+
+* :func:`parse_payload`: the body as a JSON object, nested at most :data:`MAX_JSON_DEPTH` levels
+  (counted by a scan without recursion before ``json.loads`` runs);
+* :func:`shape_mismatch`: a ``push``, ``pull_request`` or ``ping`` body must have that event's
+  top-level fields (:data:`EVENT_SHAPES`), so a signed pull-request body is never taken as a push;
+* :func:`body_sha256`: the key a replayed body is recognised by, whatever its delivery id.
+
 :func:`classify` turns an event name and its parsed payload into one of
 
 * :class:`PipelineRequest` ``kind="pr"``: ``pull_request`` with action ``opened``, ``synchronize``,
@@ -16,12 +25,116 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
+import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 SIGNATURE_PREFIX = "sha256="
 PR_ACTIONS = frozenset({"opened", "synchronize", "reopened", "ready_for_review"})
 _ZERO_SHA = "0" * 40  # "after" of a push that deleted the ref
+
+#: The deepest nesting of arrays and objects a delivery's body may have (the body itself is level 1).
+#: GitHub's example payloads (``tests/data/github``, from ``@octokit/webhooks-examples``) nest at
+#: most 5 levels (``pull_request.head.repo.owner``); 32 leaves six times that, and keeps
+#: ``json.loads`` (recursive in CPython) far from the interpreter's recursion limit.
+MAX_JSON_DEPTH = 32
+
+#: The top-level fields (name -> JSON type) a body of each event Apiary acts on must have, from
+#: GitHub's webhook payload schemas (docs.github.com "Webhook events and payloads"; the required
+#: fields of ``@octokit/webhooks``' ``push``, ``pull_request`` and ``ping`` schemas). Every example
+#: of these events in ``tests/data/github`` has them; no body of one of them has another's.
+EVENT_SHAPES: Mapping[str, Mapping[str, str]] = {
+    "push": {"ref": "string", "before": "string", "after": "string", "created": "boolean",
+             "deleted": "boolean", "forced": "boolean", "commits": "array", "repository": "object",
+             "pusher": "object"},
+    "pull_request": {"action": "string", "number": "integer", "pull_request": "object", "repository": "object"},
+    "ping": {"zen": "string", "hook_id": "integer", "hook": "object"},
+}
+
+# A JSON string (an escape takes the next byte whatever it is), a bracket, or a quote that opens
+# no complete string (the rest of the body is then an unterminated string: nothing to count).
+_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]|"', re.DOTALL)
+
+
+class PayloadError(ValueError):
+    """A signed body Apiary does not read as a payload; ``field`` names what is wrong (``body``),
+    ``reason`` why."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+def json_depth(body: bytes, limit: int = MAX_JSON_DEPTH) -> int:
+    """How deep ``body``'s arrays and objects nest (0: a scalar), counting brackets outside strings
+    with no recursion; stops counting past ``limit`` (returns ``limit + 1``). Linear in the body's
+    length; does not validate the JSON (an unterminated string ends the count)."""
+    depth = deepest = 0
+    for match in _JSON_TOKEN.finditer(body):
+        token = match.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    return deepest
+        elif token in (b"]", b"}"):
+            depth -= 1
+        elif token == b'"':
+            break
+    return deepest
+
+
+def parse_payload(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any]:
+    """``body`` (UTF-8 JSON, as GitHub sends with content type ``application/json``) as a dict.
+
+    Raises :class:`PayloadError` (field ``body``) when it nests deeper than ``max_depth`` levels
+    (checked before it is parsed), is not JSON, or is not a JSON object."""
+    if json_depth(body, max_depth) > max_depth:
+        raise PayloadError("body", f"JSON nested deeper than {max_depth} levels")
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError) as exc:  # RecursionError: not after the depth check, kept as a net
+        raise PayloadError("body", f"not JSON (set the webhook's content type to application/json): {exc}") from exc
+    if not isinstance(payload, dict):
+        raise PayloadError("body", "not a JSON object")
+    return payload
+
+
+def _json_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return "null"
+
+
+def shape_mismatch(event: str, payload: Mapping[str, Any]) -> str | None:
+    """None when ``payload`` has every top-level field :data:`EVENT_SHAPES` lists for ``event``
+    with its type (and for an event not listed: Apiary acts on none, they are recorded as ignored);
+    else which fields are missing or of another type, e.g. ``"ref (string), commits (array)"``."""
+    shape = EVENT_SHAPES.get(event)
+    if shape is None:
+        return None
+    wrong = [f"{name} ({kind})" for name, kind in shape.items() if _json_type(payload.get(name)) != kind]
+    return ", ".join(wrong) or None
+
+
+def body_sha256(body: bytes) -> str:
+    """The SHA-256 (64 lowercase hex digits) of a delivery's raw body: what the signature covers,
+    so the key a replay of the body under another delivery id is recognised by."""
+    return hashlib.sha256(body).hexdigest()
 
 
 def sign(secret: bytes, body: bytes) -> str:

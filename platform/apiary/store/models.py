@@ -268,9 +268,12 @@ class CiDelivery(Base):
     ``kind``: ``pr``, ``deploy``, ``ping`` or ``ignored``. ``state``: ``accepted`` (recorded, the
     start not yet tried), ``started`` (``flow_run_id`` set), ``pending`` (nothing started yet:
     ``reason`` says why, e.g. no such deployment) or ``failed`` (``reason``). Pings and ignored
-    deliveries stay ``accepted``. ``received_at`` is unix seconds."""
+    deliveries stay ``accepted``. ``received_at`` is unix seconds. ``body_sha256``: the SHA-256 hex
+    of the raw body (None on rows from before it was kept), unique per ``event``: the signature
+    covers only the body, so the same body under a new delivery id is a replay, not a new delivery."""
 
     __tablename__ = "ci_deliveries"
+    __table_args__ = (Index("ux_ci_deliveries_event_body", "event", "body_sha256", unique=True),)
 
     delivery: Mapped[str] = mapped_column(String(64), primary_key=True)
     event: Mapped[str] = mapped_column(String(64))
@@ -284,6 +287,7 @@ class CiDelivery(Base):
     flow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     reason: Mapped[str] = mapped_column(Text, default="")
     received_at: Mapped[float] = mapped_column(Float, index=True)
+    body_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class CiRun(Base):
