@@ -10,7 +10,7 @@ import os
 import uuid
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: The file in home that holds the platform's identity (see :func:`ensure_cluster_id`).
@@ -92,6 +92,30 @@ class Settings(BaseSettings):
     ci_deploy_deployment: str = Field(
         default="platform-deploy/main", description="Prefect deployment a push to the default branch starts."
     )
+    allow_unisolated_tasks: bool = Field(
+        default=False,
+        description="Development only: when the agent is not root (so cannot switch a task to its own uid), the "
+                    "process runtime runs tasks as the agent's user instead of refusing them. Such tasks can read "
+                    "every file the agent can (its tokens included).",
+    )
+    task_uids: str = Field(
+        default="2000000000-2000099999",
+        description="Uids (first-last, inclusive) the process runtime gives its tasks, one per running task "
+                    "(apiary.runtime.isolation); no user or group entries are needed.",
+    )
+    task_scratch: Path = Field(
+        default=Path("/var/tmp/apiary-tasks"),
+        description="Where the process runtime makes each running task's home directory (owned by the task's "
+                    "uid, removed when the task ends); must be outside APIARY_HOME.",
+    )
+
+    @field_validator("task_uids")
+    @classmethod
+    def _uid_range(cls, value: str) -> str:
+        first, _, last = value.partition("-")
+        if not (first.strip().isdigit() and last.strip().isdigit()) or not 0 < int(first) <= int(last) < 2**32 - 1:
+            raise ValueError("must be 'first-last', two uids with 0 < first <= last < 4294967295")
+        return value
 
     @property
     def home_dir(self) -> Path:

@@ -1,11 +1,13 @@
-"""ProcessBackend: launch, logs, env, idempotency, stop, re-adoption, lost runs."""
+"""ProcessBackend: launch, logs, env, idempotency, stop, re-adoption, lost runs (isolation, full disks and\ncrashes mid-launch: test_process_isolation.py)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -72,6 +74,15 @@ def state_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory every task uid may write (tasks do not run as the test's user)."""
+    d = Path(tempfile.mkdtemp(prefix="apiary-test-", dir="/tmp"))
+    os.chmod(d, 0o1777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
 def backend(state_dir: Path) -> Iterator[ProcessBackend]:
     b = ProcessBackend(state_dir)
     yield b
@@ -96,7 +107,7 @@ def test_exit_code_and_logs_are_captured(backend: ProcessBackend) -> None:
     assert backend.log_path(st.run_id, "stdout").read_text() == "hi\n"
     assert backend.log_path(st.run_id, "stderr").read_text() == "err\n"
     run_dir = backend.state_dir / st.run_id
-    assert (run_dir / "exit_code").read_text() == "3\n"
+    assert (run_dir / "exit_code").read_text().strip() == "3"  # a slot: padded with spaces
     assert {"launch.json", "meta.json", "stdout.log", "stderr.log"} <= {p.name for p in run_dir.iterdir()}
 
 
@@ -105,7 +116,8 @@ def test_success_is_exit_zero(backend: ProcessBackend) -> None:
     assert wait_exited(backend, "ok").succeeded
 
 
-def test_set_e_semantics_stop_at_first_failing_command(backend: ProcessBackend, tmp_path: Path) -> None:
+def test_set_e_semantics_stop_at_first_failing_command(backend: ProcessBackend, shared_dir: Path) -> None:
+    tmp_path = shared_dir
     backend.launch(task("sete", "echo first", "false", "echo never > reached", workdir=str(tmp_path)))
     st = wait_exited(backend, "sete")
     assert st.exit_code == 1
@@ -141,7 +153,8 @@ def test_task_python_is_the_agents_python(backend: ProcessBackend) -> None:
     assert backend.log_path("py", "stdout").read_text().strip() == sys.prefix
 
 
-def test_launch_is_idempotent(backend: ProcessBackend, state_dir: Path, tmp_path: Path) -> None:
+def test_launch_is_idempotent(backend: ProcessBackend, state_dir: Path, shared_dir: Path) -> None:
+    tmp_path = shared_dir
     t = task("once", "echo x >> counter", "sleep 0.3", workdir=str(tmp_path))
     first = backend.launch(t)
     second = backend.launch(t)
@@ -241,10 +254,11 @@ def test_sigkill_with_wrapper_reads_back_as_lost(backend: ProcessBackend) -> Non
     assert ProcessBackend(backend.state_dir).status("lost").lost
 
 
-def test_spawn_failure_leaves_a_lost_record_and_never_retries(
+def test_spawn_failure_leaves_no_record_and_a_retry_launches_once(
     backend: ProcessBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = []
+    real_popen = subprocess.Popen
 
     def failing_popen(*args: object, **kwargs: object) -> None:
         calls.append(args)
@@ -253,8 +267,12 @@ def test_spawn_failure_leaves_a_lost_record_and_never_retries(
     monkeypatch.setattr(subprocess, "Popen", failing_popen)
     with pytest.raises(PlatformError, match="fork failed"):
         backend.launch(task("crash", "echo hi"))
-    again = backend.launch(task("crash", "echo hi"))
-    assert again.state == "exited" and again.lost and again.pid is None
+    assert backend.status("crash") is None and backend.list() == []  # nothing started, nothing kept
+    monkeypatch.setattr(subprocess, "Popen", real_popen)
+    backend.launch(task("crash", "echo hi"))
+    assert wait_exited(backend, "crash").exit_code == 0
+    assert backend.launch(task("crash", "echo hi")).state == "exited"  # and never again
+    assert backend.log_path("crash", "stdout").read_text() == "hi\n"
     assert len(calls) == 1
 
 

@@ -1,0 +1,329 @@
+"""Who a process-runtime task runs as: a uid of its own, taken from a fixed range, never root.
+
+Why one uid per running task rather than one shared "apiary-task" user: Linux lets a process
+read another's ``/proc/<pid>/environ``, ``ptrace`` it and signal it when both have the same uid,
+and files a task leaves with a permissive umask are readable by that uid. With a shared user,
+one tenant's task could read the environment (and the secrets in it) of another tenant's task
+running at the same time. With a uid per run, a task shares a uid with nothing but itself.
+
+The uids need no ``/etc/passwd`` entry: the wrapper switches with
+``setpriv --reuid U --regid U --clear-groups --nnp`` (util-linux), so the task has uid and gid
+``U``, no supplementary groups, no capabilities and cannot gain privileges through set-uid
+programs (``no_new_privs``). The range is ``APIARY_TASK_UIDS`` (default
+``2000000000-2000099999``, above the ranges distributions and ``/etc/subuid`` hand out); it must
+be mapped in the agent's user namespace (``/proc/self/uid_map``).
+
+Leases, under ``scratch_root`` (``APIARY_TASK_SCRATCH``, default ``/var/tmp/apiary-tasks``, owned
+by root, mode 0711: others may pass through it but not list it)::
+
+    scratch_root/
+      .lock          flock-ed while a uid is chosen (agents of several homes share the range)
+      <uid>/         the lease: root, 0711; its existence is what reserves the uid
+        owner        root, 0600: the run directory that holds the lease
+        script.sh    U, 0400: the task's commands (the run directory itself is root's, 0700)
+        home/        U, 0700: the task's HOME and TMPDIR, and its cwd when it names no workdir
+
+A lease is taken when a task is launched (``os.mkdir`` of ``<uid>/``, exclusive, so two agents
+can never take the same uid) and released once the run has exited: every process still running
+as ``U`` (a daemon the task left behind, outside its process group) is SIGKILLed, then the lease
+and the home are deleted. Put results a job must keep in its workdir or shared storage.
+
+What this does not isolate: tasks share the kernel, the network and the host's filesystem
+(whatever is world-readable or world-writable is so for them), have no cgroup limits on CPU,
+memory or GPUs (GPUs are assigned through ``CUDA_VISIBLE_DEVICES`` only), and a file a task
+writes outside its home (``/tmp``, ``/dev/shm``) outlives it, owned by a uid that a later run may
+get again (the range is walked in order, so only after every other uid in it was used).
+
+So that a task's ``python3`` is the agent's (module :mod:`apiary.runtime.process`), the
+directories above the agent's interpreter, environment and import path get search permission
+for others where they lack it (:func:`grant_search`: ``/root`` 0700 becomes 0711 when Python
+lives under ``/root/.pyenv``); nothing becomes listable, but a world-readable file below such a
+directory becomes readable by anyone who knows its name.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import signal
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from apiary.errors import PlatformError
+from apiary.runtime.records import read_slot, write_atomic
+
+_LEASE_MODE = 0o711
+_KILL_WAIT_S = 2.0
+# One lock for every pool in this process (agents of several nodes share one process); the
+# flock on scratch_root/.lock covers agents in other processes.
+_ALLOC_LOCK = threading.Lock()
+
+
+def parse_uid_range(text: str) -> tuple[int, int]:
+    """``"first-last"`` -> ``(first, last)``. Raises ValueError naming the rule."""
+    first, sep, last = text.partition("-")
+    if not sep or not first.strip().isdigit() or not last.strip().isdigit():
+        raise ValueError(f"task uid range {text!r} must be 'first-last'")
+    lo, hi = int(first), int(last)
+    if not 0 < lo <= hi < 2**32 - 1:
+        raise ValueError(f"task uid range {text!r} must satisfy 0 < first <= last < 4294967295")
+    return lo, hi
+
+
+def _mapped(lo: int, hi: int, uid_map: str | None = None) -> bool:
+    """True if every uid in ``lo..hi`` is mapped in this process's user namespace."""
+    if uid_map is None:
+        try:
+            uid_map = Path("/proc/self/uid_map").read_text()
+        except OSError:
+            return True  # no user namespaces here: every uid is valid
+    for line in uid_map.splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            inside, _outside, count = (int(p) for p in parts)
+            if inside <= lo and hi < inside + count:
+                return True
+    return False
+
+
+def _uids_in_use() -> set[int]:
+    used: set[int] = set()
+    for proc in psutil.process_iter(["uids"]):
+        uids = proc.info.get("uids")
+        if uids is not None:
+            used.update(uids)
+    return used
+
+
+def kill_uid(uid: int, timeout_s: float = _KILL_WAIT_S) -> bool:
+    """SIGKILL every process whose real, effective or saved uid is ``uid`` (repeatedly, so a
+    process forking in a loop is caught too) until none is left; False if some were still
+    there after ``timeout_s``. Never called with uid 0."""
+    if uid <= 0:
+        raise ValueError("refusing to kill the processes of uid 0")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = 0
+        for proc in psutil.process_iter(["uids"]):
+            uids = proc.info.get("uids")
+            if uids is not None and uid in uids:
+                left += 1
+                try:
+                    proc.send_signal(signal.SIGKILL)
+                except psutil.Error:
+                    pass
+        if left == 0:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+
+
+def grant_search(paths: list[Path]) -> list[Path]:
+    """Add search permission for others (``o+x``, never read: nothing becomes listable) to
+    every directory above and at each of ``paths`` that lacks it, so a task's uid can reach the
+    agent's Python (an interpreter under ``/root/.pyenv`` sits below ``/root``, mode 0700).
+    Returns the directories changed; missing paths and failures to chmod are skipped."""
+    changed: list[Path] = []
+    seen: set[Path] = set()
+    for path in paths:
+        try:
+            target = Path(os.path.realpath(path))
+        except OSError:
+            continue
+        if not target.is_dir():
+            target = target.parent
+        for directory in [*reversed(target.parents), target]:
+            if directory in seen:
+                continue
+            seen.add(directory)
+            try:
+                st = os.stat(directory)
+                if stat.S_ISDIR(st.st_mode) and not st.st_mode & stat.S_IXOTH:
+                    os.chmod(directory, stat.S_IMODE(st.st_mode) | stat.S_IXOTH)
+                    changed.append(directory)
+            except OSError:
+                continue
+    return changed
+
+
+@dataclass(frozen=True)
+class TaskIdentity:
+    """A held lease: the task runs as ``uid``/``uid`` with ``home`` and the commands in ``script``."""
+
+    uid: int
+    lease: Path
+
+    @property
+    def gid(self) -> int:
+        return self.uid
+
+    @property
+    def home(self) -> Path:
+        return self.lease / "home"
+
+    @property
+    def script(self) -> Path:
+        return self.lease / "script.sh"
+
+    def drop_argv(self, setpriv: str) -> list[str]:
+        """The command prefix that runs the rest of a command line as this identity."""
+        return [setpriv, f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--nnp",
+                "--inh-caps=-all", "--"]
+
+
+class UidPool:
+    """Hands out task uids from ``first..last`` as leases under ``scratch_root`` (module doc).
+
+    Thread-safe and safe across processes. Only root can use it (it chowns and kills).
+    """
+
+    def __init__(self, scratch_root: Path, first: int, last: int) -> None:
+        self.root = Path(scratch_root).absolute()
+        self.first, self.last = first, last
+
+    # -- the scratch root --------------------------------------------------------------------
+
+    def _ensure_root(self) -> None:
+        """Create ``scratch_root`` (root, 0711) and refuse one that someone else could control."""
+        try:
+            self.root.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.root.mkdir(mode=_LEASE_MODE)
+            except FileExistsError:
+                pass
+            st = os.lstat(self.root)
+        except OSError as exc:
+            raise PlatformError(f"cannot create the task scratch directory {self.root}: {exc}") from exc
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+            raise PlatformError(
+                f"task scratch directory {self.root} must be a directory owned by root (not a link); "
+                "remove it or set APIARY_TASK_SCRATCH"
+            )
+        if stat.S_IMODE(st.st_mode) != _LEASE_MODE:
+            os.chmod(self.root, _LEASE_MODE)
+
+    # -- acquire / release -------------------------------------------------------------------
+
+    def acquire(self, owner: Path) -> TaskIdentity:
+        """Lease a free uid for the run whose directory is ``owner``; make its home and script
+        slot. Raises :class:`PlatformError` when the range is not mapped in this user
+        namespace, every uid is leased or running something, or the lease cannot be written."""
+        if not _mapped(self.first, self.last):
+            raise PlatformError(
+                f"task uids {self.first}-{self.last} are not mapped in this user namespace "
+                "(/proc/self/uid_map); set APIARY_TASK_UIDS to a mapped range"
+            )
+        self._ensure_root()
+        with _ALLOC_LOCK, open(self.root / ".lock", "a") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            count = self.last - self.first + 1
+            start = self._next_hint()
+            in_use = _uids_in_use()
+            for i in range(count):
+                uid = self.first + (start - self.first + i) % count
+                lease = self.root / str(uid)
+                if lease.exists() and not self._reclaim_stale(uid):
+                    continue
+                if uid in in_use:
+                    continue
+                try:
+                    lease.mkdir(mode=_LEASE_MODE)
+                except FileExistsError:
+                    continue
+                except OSError as exc:
+                    raise PlatformError(f"cannot lease task uid {uid} in {self.root}: {exc}") from exc
+                ident = TaskIdentity(uid=uid, lease=lease)
+                try:
+                    os.chmod(lease, _LEASE_MODE)
+                    write_atomic(lease / "owner", f"{owner}\n")
+                    ident.home.mkdir(mode=0o700)
+                    os.chown(ident.home, uid, uid)
+                    os.chmod(ident.home, 0o700)
+                    self._write_hint(uid + 1 if uid < self.last else self.first)
+                except OSError as exc:
+                    shutil.rmtree(lease, ignore_errors=True)
+                    raise PlatformError(f"cannot lease task uid {uid} in {self.root}: {exc}") from exc
+                return ident
+        raise PlatformError(f"no free task uid in {self.first}-{self.last}: every one runs a task")
+
+    def write_script(self, ident: TaskIdentity, text: str) -> None:
+        """Write the task's commands where only its uid can read them (mode 0400). Raises OSError."""
+        fd = os.open(ident.script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o400)
+        try:
+            os.fchmod(fd, 0o400)
+            os.fchown(fd, ident.uid, ident.gid)
+            with open(fd, "w", encoding="utf-8", closefd=False) as f:
+                f.write(text)
+                f.flush()
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def release(self, uid: int, owner: Path) -> bool:
+        """End ``owner``'s lease of ``uid``: SIGKILL what still runs as ``uid``, delete the lease
+        and the home. False (nothing done) if the lease is not ``owner``'s (released already, or
+        leased again to another run)."""
+        lease = self.root / str(uid)
+        if not (self.first <= uid <= self.last) or self._owner(lease) != str(owner):
+            return False
+        kill_uid(uid)
+        shutil.rmtree(lease, ignore_errors=True)
+        return True
+
+    def release_owned_by(self, owner: Path) -> None:
+        """Release every lease ``owner`` holds (a launch that died before recording its uid)."""
+        try:
+            leases = [p for p in self.root.iterdir() if p.name.isdigit()]
+        except OSError:
+            return
+        for lease in leases:
+            if self._owner(lease) == str(owner):
+                self.release(int(lease.name), owner)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _owner(lease: Path) -> str | None:
+        try:
+            return (lease / "owner").read_text(encoding="utf-8").strip()
+        except OSError:
+            return None
+
+    def _reclaim_stale(self, uid: int) -> bool:
+        """Delete the lease of ``uid`` if its run is gone or has recorded its exit (its agent
+        never came back to release it); True if the uid is free now."""
+        lease = self.root / str(uid)
+        owner = self._owner(lease)
+        if owner is None:
+            try:  # a lease being written right now by another process is younger than a minute
+                if time.time() - lease.stat().st_mtime < 60:
+                    return False
+            except OSError:
+                return not lease.exists()
+        else:
+            run_dir = Path(owner)
+            if run_dir.is_dir() and read_slot(run_dir / "exit_code") is None:
+                return False
+        kill_uid(uid)
+        shutil.rmtree(lease, ignore_errors=True)
+        return not lease.exists()
+
+    def _next_hint(self) -> int:
+        try:
+            value = int((self.root / ".next").read_text().strip())
+        except (OSError, ValueError):
+            return self.first
+        return value if self.first <= value <= self.last else self.first
+
+    def _write_hint(self, uid: int) -> None:
+        try:
+            write_atomic(self.root / ".next", f"{uid}\n")
+        except OSError:
+            pass  # only a hint: the walk starts at the range's first uid instead
