@@ -13,6 +13,13 @@ a run whose exit the control plane acknowledged is tombstoned here and never lau
 if a stale assignment list still names it. Control-plane outages are ridden out with backoff;
 tasks keep running meanwhile.
 
+An agent survives any launch error: a run whose assignment cannot be launched (a backend error, a
+malformed assignment) is reported exited with EXIT_LAUNCH_FAILED, and one failing reconcile is
+logged and retried on the next poll, so the watcher never stops while heartbeats go on. An agent
+that cannot record its runs (its backend's state directory is not writable, its disk is full)
+launches nothing new, says so in every report (``cannotRecord``, which the control plane's
+``/healthz`` lists) and in its node's ``/healthz``.
+
 Several agents may share one process (``apiary agent --node a --node b``), one asyncio task
 group each, over one HTTP client: that is how the embedded platform runs many simulated nodes
 without one process per node.
@@ -26,6 +33,7 @@ import dataclasses
 import logging
 import os
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -33,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
-from apiary.errors import PlatformError, UnavailableError, ValidationError
+from apiary.errors import UnavailableError, ValidationError
 from apiary.lifecycle import EXIT_LAUNCH_FAILED, EXIT_LIVENESS_FAILED
 from apiary.runtime.base import RuntimeBackend, TaskLaunch, TaskStatus
 from apiary.runtime.probes import Prober, monotonic_from_wall, probes_from_wire
@@ -47,6 +55,15 @@ HEARTBEAT_S = 2.0
 REPORT_POLL_S = 0.25
 LONG_POLL_S = 10.0
 LOG_CHUNK = 256 * 1024
+#: Longest back-off (seconds) after a watcher iteration that failed for a reason other than the
+#: control plane being away (a malformed answer, a bug): the next poll comes at most this late.
+WATCH_ERROR_BACKOFF_S = 5.0
+#: How long (seconds) a "can record" probe of the backend's state directory is trusted in the report
+#: loop; a reconcile that launches something probes again first.
+RECORD_PROBE_S = 10.0
+#: Bytes written (then removed) by the probe: more than a file's metadata, so a disk with no free
+#: block fails it.
+RECORD_PROBE_BYTES = 4096
 #: Output sent with a report rather than with POST .../logs: the control plane's cap
 #: (apiary.api.schemas.MAX_INLINE_LOG_BYTES; a test keeps the two equal).
 MAX_INLINE_LOG_BYTES = 64 * 1024
@@ -102,6 +119,10 @@ class NodeAgent:
         self._degraded: dict[int, float] = {}  # GPU -> simulated slowdown factor (fault `degraded`)
         self.prober = Prober()  # Kubernetes-style liveness / readiness probes of running tasks
         self._liveness_failed: dict[str, str] = {}
+        # Why the backend cannot record runs (None: it can), and when that was last probed (monotonic).
+        self.record_problem: str | None = None
+        self._record_probed = float("-inf")
+        self._sent_problem: str | None = None
 
     # ------------------------------------------------------------------ main loops
     async def run(self, stop: asyncio.Event) -> None:
@@ -121,28 +142,50 @@ class NodeAgent:
     async def _watch(self, stop: asyncio.Event) -> None:
         generation: int | None = None
         backoff = 0.2
+        failures = 0
         while not stop.is_set():
-            params = {} if generation is None else {"generation": generation, "wait": LONG_POLL_S}
             try:
-                r = await self.client.get(
-                    f"{self.api}/api/v2/nodes/{self.node}/assignments", params=params, timeout=LONG_POLL_S + 5,
-                    headers=self._auth,
-                )
-                r.raise_for_status()
-                data = r.json()
-            except (httpx.HTTPError, ValueError) as e:
-                logger.debug("node=%s assignments unavailable: %s", self.node, e)
+                generation, backoff = await self._watch_once(generation, backoff)
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # One bad answer or a bug in applying it must not end the watcher while the report
+                # loop goes on beating (the node would look healthy and never apply a STOP): log it,
+                # back off, poll afresh.
+                failures += 1
+                logger.error("node=%s applying assignments failed (%d in a row), retrying: %s",
+                             self.node, failures, describe_error(exc))
                 generation = None
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-                continue
-            backoff = 0.2
-            generation = data["generation"]
-            # Faults first: a task launched in this reconcile already runs on a degraded GPU
-            # queued before it was assigned.
-            self._apply_faults(data.get("faults", []))
-            await asyncio.to_thread(self._reconcile, data["assignments"])
-            self._report_now.set()
+                await asyncio.sleep(min(0.2 * 2 ** min(failures, 5), WATCH_ERROR_BACKOFF_S))
+
+    async def _watch_once(self, generation: int | None, backoff: float) -> tuple[int | None, float]:
+        """One long poll of the assignments and their reconcile; returns the next ``(generation,
+        backoff)``. Raises whatever applying a malformed answer raises (``_watch`` logs it)."""
+        params = {} if generation is None else {"generation": generation, "wait": LONG_POLL_S}
+        try:
+            r = await self.client.get(
+                f"{self.api}/api/v2/nodes/{self.node}/assignments", params=params, timeout=LONG_POLL_S + 5,
+                headers=self._auth,
+            )
+            r.raise_for_status()
+            data = r.json()
+        except (httpx.HTTPError, ValueError) as e:
+            logger.debug("node=%s assignments unavailable: %s", self.node, e)
+            await asyncio.sleep(backoff)
+            return None, min(backoff * 2, 2.0)
+        generation = data["generation"]
+        # Faults first: a task launched in this reconcile already runs on a degraded GPU
+        # queued before it was assigned.
+        self._apply_faults(data.get("faults", []))
+        await asyncio.to_thread(self._reconcile, data["assignments"])
+        self._report_now.set()
+        return generation, 0.2
+
+    def health(self) -> tuple[bool, str]:
+        """The node's ``/healthz`` verdict: ``(False, reason)`` while its backend cannot record runs."""
+        problem = self.record_problem
+        return (True, "") if problem is None else (False, f"node {self.node} cannot record runs: {problem}")
 
     def running_tasks(self) -> list[dict]:
         """The node's running tasks for its task metrics: labels, process group id, GPUs."""
@@ -181,45 +224,124 @@ class NodeAgent:
                 logger.warning("node=%s fault %s rejected: %s", self.node, f, e)
 
     def _reconcile(self, assignments: list[dict]) -> None:
-        wanted: dict[str, dict] = {a["runId"]: a for a in assignments}
+        """Make the node run exactly ``assignments`` (the control plane's list of ``{"runId",
+        "desired": "RUN"|"STOP", "launch": TaskLaunch fields, "probes", "labels"}``): launch, stop,
+        and stop what is running but no longer listed.
+
+        Never raises for one assignment: a run that cannot be launched (the backend refuses it, its
+        ``launch`` is malformed) is failed with EXIT_LAUNCH_FAILED; an item without a usable
+        ``runId`` is logged and skipped; a stop that fails is tried again on the next poll. While
+        the backend cannot record runs (:meth:`check_recording`) nothing new is launched: those
+        runs stay unlaunched (STARTING) until it can, so no task runs that could not be recorded.
+        """
+        wanted: dict[str, dict] = {}
+        for a in assignments:
+            run_id = a.get("runId") if isinstance(a, dict) else None
+            if isinstance(run_id, str) and run_id:
+                wanted[run_id] = a
+            else:
+                logger.error("node=%s ignored an assignment without a run id", self.node)
         for run_id, a in wanted.items():
-            if "labels" in a:
-                self._labels[run_id] = {**a["labels"], "gpus": list(a["launch"].get("gpus", []))}
+            labels, launch = a.get("labels"), a.get("launch")
+            if isinstance(labels, dict) and isinstance(launch, dict):
+                self._labels[run_id] = {**labels, "gpus": list(launch.get("gpus") or [])}
+        new = [r for r, a in wanted.items()
+               if a.get("desired") == "RUN" and r not in self._tombstones and r not in self._failed
+               and self._status_or_none(r) is None]
+        problem = self.check_recording(0.0) if new else None
         for run_id, a in wanted.items():
             if run_id in self._tombstones or run_id in self._failed:
                 continue
-            if a["desired"] == "RUN":
-                env = self._env(a["launch"]["env"], a["launch"].get("gpus"))
-                launch = TaskLaunch(**{**a["launch"], "workdir": self.workdir, "env": env})
-                try:
-                    st = self.backend.launch(launch)
-                    if st.state == "running" and a.get("probes") and not self.backend.runs_probes:
-                        self._watch_probes(run_id, a["probes"], st, launch)
-                except UnavailableError as e:
-                    # dockerd or the API server is away for a moment: not the task's fault, and
-                    # -1203 would be permanent. The next assignment poll launches it again.
-                    logger.warning("node=%s run=%s launch deferred: %s", self.node, run_id, e)
-                except PlatformError as e:
-                    logger.error("node=%s run=%s launch failed: %s", self.node, run_id, e)
+            if a.get("desired") == "RUN":
+                if problem is not None and run_id in new:
+                    logger.warning("node=%s run=%s not launched: the node cannot record runs (%s)",
+                                   self.node, run_id, problem)
+                    continue
+                self._launch(run_id, a)
+                continue
+            try:
+                if self.backend.status(run_id) is None:
+                    # Asked to stop a run this node never started (stopped before it was launched):
+                    # report it ended so the control plane can finish the attempt, and never launch it.
                     now = time.time()
                     self._failed[run_id] = TaskStatus(
-                        run_id=run_id, state="exited", exit_code=EXIT_LAUNCH_FAILED, pid=None,
-                        started_at=now, finished_at=now,
+                        run_id=run_id, state="exited", exit_code=None, pid=None, started_at=None,
+                        finished_at=now, stopped=True,
                     )
-            elif self.backend.status(run_id) is None:
-                # Asked to stop a run this node never started (stopped before it was launched):
-                # report it ended so the control plane can finish the attempt, and never launch it.
-                now = time.time()
-                self._failed[run_id] = TaskStatus(
-                    run_id=run_id, state="exited", exit_code=None, pid=None, started_at=None, finished_at=now,
-                    stopped=True,
-                )
-            else:
-                self._stop_async(run_id)
-        for st in self.backend.list():
+                else:
+                    self._stop_async(run_id)
+            except Exception as exc:  # the next poll tries again
+                logger.error("node=%s run=%s stop failed: %s", self.node, run_id, describe_error(exc))
+        try:
+            listed = self.backend.list()
+        except Exception as exc:
+            logger.error("node=%s cannot list its runs: %s", self.node, describe_error(exc))
+            listed = []
+        for st in listed:
             if st.state == "running" and st.run_id not in wanted:
                 logger.warning("node=%s run=%s not assigned here any more: stopping it", self.node, st.run_id)
-                self._stop_async(st.run_id)
+                try:
+                    self._stop_async(st.run_id)
+                except Exception as exc:
+                    logger.error("node=%s run=%s stop failed: %s", self.node, st.run_id, describe_error(exc))
+
+    def _status_or_none(self, run_id: str) -> TaskStatus | None:
+        try:
+            return self.backend.status(run_id)
+        except Exception:  # status() should never raise; if it does, launch() decides
+            return None
+
+    def _launch(self, run_id: str, a: dict) -> None:
+        """Launch one ``RUN`` assignment. An UnavailableError (the runtime is away) defers it to the
+        next poll; so does any error while the backend cannot record runs. Any other error fails the
+        run with EXIT_LAUNCH_FAILED (reported exited, never launched again); the log names the
+        error's type and message with the assignment's commands, environment values and registry
+        credentials blanked out."""
+        try:
+            spec = a["launch"]
+            env = self._env(spec["env"], spec.get("gpus"))
+            launch = TaskLaunch(**{**spec, "workdir": self.workdir, "env": env})
+            st = self.backend.launch(launch)
+        except UnavailableError as e:
+            # dockerd or the API server is away for a moment: not the task's fault, and
+            # -1203 would be permanent. The next assignment poll launches it again.
+            logger.warning("node=%s run=%s launch deferred: %s", self.node, run_id, e)
+        except Exception as exc:
+            why = describe_error(exc, _secret_values(a.get("launch")))
+            problem = self.check_recording(0.0)
+            if problem is not None:
+                logger.warning("node=%s run=%s launch deferred: the node cannot record runs (%s): %s",
+                               self.node, run_id, problem, why)
+                return
+            logger.error("node=%s run=%s launch failed: %s", self.node, run_id, why)
+            now = time.time()
+            self._failed[run_id] = TaskStatus(
+                run_id=run_id, state="exited", exit_code=EXIT_LAUNCH_FAILED, pid=None,
+                started_at=now, finished_at=now,
+            )
+        else:
+            if st.state == "running" and a.get("probes") and not self.backend.runs_probes:
+                try:
+                    self._watch_probes(run_id, a["probes"], st, launch)
+                except Exception as exc:  # a malformed probe never fails the task itself
+                    logger.error("node=%s run=%s probes not watched: %s", self.node, run_id, describe_error(exc))
+
+    def check_recording(self, max_age_s: float = RECORD_PROBE_S) -> str | None:
+        """Why the backend cannot record runs now (:func:`recording_problem`), or None when it can.
+        A result younger than ``max_age_s`` seconds is reused. Also kept in :attr:`record_problem`
+        (the node's ``/healthz`` and the reports' ``cannotRecord`` read it)."""
+        now = time.monotonic()
+        if now - self._record_probed < max_age_s:
+            return self.record_problem
+        self._record_probed = now
+        problem = recording_problem(self.backend)
+        if problem != self.record_problem:
+            if problem is None:
+                logger.warning("node=%s can record runs again: launching resumes", self.node)
+            else:
+                logger.error("node=%s cannot record runs, launching nothing new: %s", self.node, problem)
+        self.record_problem = problem
+        return problem
 
     def _watch_probes(self, run_id: str, wire: dict, st: TaskStatus, launch: TaskLaunch) -> None:
         try:
@@ -292,10 +414,22 @@ class NodeAgent:
             except (httpx.HTTPError, ValueError) as e:
                 logger.debug("node=%s report failed: %s", self.node, e)
                 await asyncio.sleep(0.5)
+            except Exception as exc:  # a backend or a bug must not end the heartbeats' loop either
+                logger.error("node=%s report failed: %s", self.node, describe_error(exc))
+                await asyncio.sleep(0.5)
 
     async def _report_once(self) -> None:
-        statuses = await asyncio.to_thread(self.backend.list)
-        statuses = [s for s in statuses if s.run_id not in self._tombstones] + list(self._failed.values())
+        problem = await asyncio.to_thread(self.check_recording)
+        try:
+            statuses = await asyncio.to_thread(self.backend.list)
+        except Exception as exc:
+            # The heartbeat still goes (with cannotRecord): a node that stopped beating would be
+            # declared lost and its runs, still running here, placed again elsewhere.
+            logger.error("node=%s cannot list its runs: %s", self.node, describe_error(exc))
+            statuses = []
+        # A run failed here (its launch raised) is reported as failed even if the backend kept a record.
+        statuses = [s for s in statuses if s.run_id not in self._tombstones and s.run_id not in self._failed]
+        statuses += list(self._failed.values())
         # A task killed for failing its liveness probe is a failure with the platform's exit code
         # (EXIT_LIVENESS_FAILED), not the 143/137 of the stop itself.
         statuses = [
@@ -312,7 +446,7 @@ class NodeAgent:
         inline, rest = self._new_output(statuses)
         await self._ship_logs(rest)
         now = time.monotonic()
-        if not changed and not inline and now - self._last_beat < HEARTBEAT_S:
+        if not changed and not inline and problem == self._sent_problem and now - self._last_beat < HEARTBEAT_S:
             return
         body = {
             "agentId": self.agent_id,
@@ -322,6 +456,8 @@ class NodeAgent:
             "address": self.address,
             # The high-water mark of applied fault ids: the control plane drops those from its queue.
             "faultsApplied": self._faults_applied or None,
+            # Why this node cannot record runs (it launches nothing new meanwhile); None: it can.
+            "cannotRecord": problem,
             "runs": [
                 {
                     "run_id": s.run_id, "state": s.state, "exit_code": s.exit_code, "pid": s.pid,
@@ -339,6 +475,7 @@ class NodeAgent:
                                    headers=self._auth)
         r.raise_for_status()
         self._last_beat = now
+        self._sent_problem = problem
         answer = r.json()
         if inline and answer.get("logs") is None:
             # A control plane from before NodeReport.logs ignored them (an upgrade under way):
@@ -363,7 +500,10 @@ class NodeAgent:
                 self._sent.pop(s.run_id, None)
                 self._shipped.pop((s.run_id, "stdout"), None)
                 self._shipped.pop((s.run_id, "stderr"), None)
-                await asyncio.to_thread(self.backend.forget, s.run_id)
+                try:
+                    await asyncio.to_thread(self.backend.forget, s.run_id)
+                except Exception as exc:  # still running (a launch that failed late): stopped as unassigned
+                    logger.warning("node=%s run=%s not forgotten: %s", self.node, s.run_id, describe_error(exc))
 
     def _new_output(
         self, statuses: list[TaskStatus],
@@ -421,9 +561,10 @@ class NodeAgent:
                 self._shipped[key] = offset
 
 
-def serve_node_metrics(node: str, registry: Any, host: str, port: int) -> Any:
-    """Serve one node's ``/metrics`` on ``host:port`` (:func:`apiary.monitoring.serve_metrics`);
-    if ``port`` is taken, on any free port instead (read ``server.server_port``).
+def serve_node_metrics(node: str, registry: Any, host: str, port: int, health: Any = None) -> Any:
+    """Serve one node's ``/metrics`` and ``/healthz`` on ``host:port``
+    (:func:`apiary.monitoring.serve_metrics`; ``health`` as there); if ``port`` is taken, on any free
+    port instead (read ``server.server_port``).
 
     Why not fail: the supervisor fixes the ports before the agent starts, and one taken since
     would make every restart fail the same way. The agent reports the real URL to the control
@@ -431,11 +572,11 @@ def serve_node_metrics(node: str, registry: Any, host: str, port: int) -> Any:
     from apiary.monitoring import serve_metrics
 
     try:
-        server, _ = serve_metrics(registry, host, port)
+        server, _ = serve_metrics(registry, host, port, health)
     except OSError as exc:
         if not port:
             raise
-        server, _ = serve_metrics(registry, host, 0)
+        server, _ = serve_metrics(registry, host, 0, health)
         logger.warning("node=%s metrics port %d taken (%s); serving on %d instead", node, port, exc,
                        server.server_port)
     return server
@@ -464,6 +605,70 @@ def make_backend(runtime: str, state_dir: Path, node: str, image_map: dict[str, 
 
         return KubernetesBackend(state_dir, node=node)
     raise ValidationError("runtime", f"unknown runtime {runtime!r}; one of {', '.join(RUNTIMES)}")
+
+
+def recording_problem(backend: RuntimeBackend) -> str | None:
+    """Why ``backend`` cannot record runs now, or None when it can.
+
+    A backend with ``can_record()`` answers itself (True or None: it can; False or a reason
+    string: it cannot; raising: it cannot, the error says why). Otherwise, for a backend with a
+    ``state_dir``, RECORD_PROBE_BYTES are written to a new file there and removed: a directory
+    that is not writable or a disk with no free block fails it (the file systems Apiary runs on
+    reserve a write's blocks when it is made, so no fsync is needed; a hidden name, never a run
+    id). A backend with neither is assumed to record."""
+    can_record = getattr(backend, "can_record", None)
+    if callable(can_record):
+        try:
+            answer = can_record()
+        except Exception as exc:
+            return describe_error(exc)
+        if answer is True or answer is None:
+            return None
+        return answer if isinstance(answer, str) and answer else "the runtime backend says it cannot record runs"
+    state_dir = getattr(backend, "state_dir", None)
+    if state_dir is None:
+        return None
+    probe = Path(state_dir) / f".record-probe-{os.getpid()}-{threading.get_ident()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, b"\0" * RECORD_PROBE_BYTES)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return f"cannot write to {state_dir}: {exc.strerror or exc}"
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
+    return None
+
+
+def _secret_values(launch: object) -> list[str]:
+    """The strings of an assignment's ``launch`` that may carry a job's secrets once substituted:
+    its commands, environment values and registry credentials."""
+    if not isinstance(launch, dict):
+        return []
+    values: list[object] = []
+    for key in ("commands", "env", "image_auth"):
+        item = launch.get(key)
+        if isinstance(item, dict):
+            values += list(item.values())
+        elif isinstance(item, list):
+            values += item
+    return [v for v in values if isinstance(v, str) and len(v) >= 4]
+
+
+def describe_error(exc: BaseException, secrets: list[str] | None = None) -> str:
+    """``"Type: message"`` of ``exc`` for a log line, with every string of ``secrets`` in the message
+    replaced by ``***`` and the whole cut to 500 characters (a launch error may quote the command
+    that failed)."""
+    message = str(exc)
+    for value in sorted(secrets or [], key=len, reverse=True):
+        message = message.replace(value, "***")
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return text if len(text) <= 500 else text[:499] + "…"
 
 
 def _key(s: TaskStatus) -> tuple:
@@ -517,7 +722,7 @@ async def run_agents(
                 break
             agent.exporter = NodeExporter(agent.node, agent.running_tasks, gpus=agent.gpus, simulated=simulated_gpus)
             server = serve_node_metrics(agent.node, agent.exporter.registry, metrics_host,
-                                        metrics_ports.get(agent.node, 0))
+                                        metrics_ports.get(agent.node, 0), health=agent.health)
             servers.append(server)
             agent.metrics_url = f"http://{metrics_host}:{server.server_port}/metrics"
         logger.info("agents started nodes=%d api=%s", len(agents), api_url)
