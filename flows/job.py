@@ -6,6 +6,10 @@
 * ``rerun_job`` (deployment ``job``): the runs Apiary's bridge makes for CLI/REST jobs; runs
   only on Retry, which re-runs the job as ``<name>-retry<N>``.
 
+Who a run acts as: the bridge's service token (``APIARY_TOKEN`` of the serving process), which may
+submit on behalf of an existing user, stop and clone; it is sent only to the platform's configured
+URL (``APIARY_API_URL``): no parameter names a URL, and Prefect refuses a run with an unknown one.
+
 Thin: the logic is :mod:`apiary.tracking.portal` (what a run does) and
 :mod:`apiary.tracking.states` (the state it ends in). Each run ends with the job's state:
 Completed, Failed (exit code and its exit-spec meaning) or Cancelled.
@@ -60,12 +64,10 @@ async def submit_form(
     retries: int = Field(0, ge=0, le=10, title="Retries",
                          description="How many times Apiary retries the job after a failure of your code "
                                      "(platform failures are retried anyway). Default 0."),
-    api_url: str | None = Field(None, title="Apiary API URL",
-                                description="Leave empty: the platform fills it in."),
 ) -> Any:
     """Submit a job to Apiary from the form and follow it to its end."""
     job = job_from_form(name, virtual_cluster, task_roles, priority_class, retries)
-    return _end(await run_job(flow_run_id=flow_run.get_id(), job=job, user=user, api_url=api_url))
+    return _end(await run_job(flow_run_id=flow_run.get_id(), job=job, user=user))
 
 
 @flow(name="apiary-job", flow_run_name=_name_from_params, persist_result=False)
@@ -73,16 +75,14 @@ async def submit_yaml(
     job_yaml: str = Field(title="OpenPAI job (YAML)",
                           description="A complete OpenPAI job protocol v2 YAML, as `apiary job submit` takes."),
     user: str = Field(pattern=NAME_PATTERN, title="User", description="Your Apiary user name."),
-    api_url: str | None = Field(None, title="Apiary API URL", description="Leave empty: the platform fills it in."),
 ) -> Any:
     """Submit an OpenPAI job YAML to Apiary and follow it to its end."""
-    return _end(await run_job(flow_run_id=flow_run.get_id(), job=job_yaml, user=user, api_url=api_url))
+    return _end(await run_job(flow_run_id=flow_run.get_id(), job=job_yaml, user=user))
 
 
 @flow(name="apiary-job", flow_run_name=_name_from_params, persist_result=False)
 async def rerun_job(
     job_id: str = Field(title="Job id", description="user~name of the job to follow, or to re-run if it ended."),
-    api_url: str | None = Field(None, title="Apiary API URL", description="Leave empty: the platform fills it in."),
 ) -> Any:
     """Follow a job, or re-run it as a new job (<name>-retry<N>) if it ended (the Retry button)."""
-    return _end(await run_job(flow_run_id=flow_run.get_id(), job_id=job_id, api_url=api_url))
+    return _end(await run_job(flow_run_id=flow_run.get_id(), job_id=job_id))

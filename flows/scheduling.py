@@ -3,28 +3,38 @@
 Calls ``POST /api/v2/scheduler/cycle`` every ``interval_s`` seconds, ``cycles`` times, and
 publishes a table artifact (cycle, placed, preempted, waiting, durationMs). Apiary runs
 cycles on its own too, so this flow is an observer/driver, never on the launch path.
+
+Who it acts as: the bridge's service token (which may run scheduling cycles, nothing an admin
+alone may do), sent only to the platform's configured URL (``APIARY_API_URL``); no parameter names
+a URL. ``cycles`` and ``interval_s`` are bounded, so a run from the UI cannot drive the
+scheduler flat out for hours.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Annotated
 
 import httpx
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_table_artifact
+from pydantic import Field
 
 from apiary.errors import PlatformError
 from apiary.tracking.source import service_headers
-from apiary.tracking.submit import resolve_api_url, run_scheduler_cycle
+from apiary.tracking.submit import platform_api_url, run_scheduler_cycle
 
 
 @flow(name="scheduling-loop", persist_result=False)
-async def scheduling_loop(api_url: str | None = None, cycles: int = 60, interval_s: float = 1.0) -> list[dict]:
+async def scheduling_loop(
+    cycles: Annotated[int, Field(ge=1, le=3600, description="How many cycles (1 to 3600).")] = 60,
+    interval_s: Annotated[float, Field(ge=0.01, le=600, description="Seconds between cycles (0.01 to 600).")] = 1.0,
+) -> list[dict]:
     """Run ``cycles`` scheduler cycles ``interval_s`` apart; return one row per cycle."""
     log = get_run_logger()
     rows: list[dict] = []
-    async with httpx.AsyncClient(base_url=resolve_api_url(api_url), timeout=30.0, headers=service_headers()) as client:
+    async with httpx.AsyncClient(base_url=platform_api_url(), timeout=30.0, headers=service_headers()) as client:
         for cycle in range(cycles):
             try:
                 result = await run_scheduler_cycle(client)

@@ -12,9 +12,21 @@
 * the drills on cron schedules (flows/drills.py, :data:`DRILL_SCHEDULES`): ``inspection/inspection``,
   ``stress-drill/nightly``, ``chaos-drill/weekly``, ``load-drill/weekly``.
 
-All read ``APIARY_API_URL`` (passed as the default ``api_url`` parameter) and need
+All reach Apiary at ``APIARY_API_URL`` of this process only (``apiary up`` sets it) and need
 ``PREFECT_API_URL`` pointing at the Prefect server. The form's virtual-cluster drop-down lists
 the cluster's VCs as Apiary reports them when serving starts.
+
+What the Prefect password starts. Every deployment here can be run from the UI by whoever holds
+the Prefect server's password, so none takes a URL, a token or anything that names where a token
+goes (a run with such a parameter is refused), and each acts with only what it needs:
+
+* ``apiary-job/*`` and ``scheduling-loop/loop`` use the bridge's service token (submit on behalf of
+  an existing user, stop, clone, scheduling cycles);
+* the drills, ``runbook/*`` and ``alert-quality/weekly`` use the admin's token inside this process,
+  and their parameters can only narrow what they do (flows/drills.py, flows/runbooks.py): a drill
+  as its schedule runs it or less; a runbook only for an open incident that names the node;
+* ``what-if-replay/whatif`` calls no API;
+* ``platform-ci/pr`` and ``platform-deploy/main`` take the webhook's pipeline request (flows/ci.py).
 """
 
 from __future__ import annotations
@@ -56,34 +68,33 @@ def virtual_clusters(api_url: str | None) -> list[str]:
         return []
 
 
-def deployments(api_url: str | None = None) -> list:
-    """The deployments (``submit``, ``submit-yaml``, ``job``, ``loop``, ``whatif``); ``api_url``
-    defaults to ``APIARY_API_URL``."""
-    api_url = api_url or os.environ.get("APIARY_API_URL")
-    url = {"api_url": api_url} if api_url else {}
+def deployments() -> list:
+    """The deployments (``submit``, ``submit-yaml``, ``job``, ``loop``, ``whatif``). The form's VC
+    drop-down is read from ``APIARY_API_URL``, the only Apiary the flows talk to."""
+    api_url = os.environ.get("APIARY_API_URL")
     vcs = virtual_clusters(api_url)
     submit = submit_form.to_deployment(
         name="submit",
-        parameters={**url, "task_roles": [EXAMPLE_ROLE], **({"virtual_cluster": vcs[0]} if vcs else {})},
+        parameters={"task_roles": [EXAMPLE_ROLE], **({"virtual_cluster": vcs[0]} if vcs else {})},
         description="Submit a job to Apiary: fill in the form (Run -> Custom run). The run follows the job "
                     "and ends with its state.",
         tags=["apiary"],
     )
     submit._parameter_openapi_schema = _schema(submit, vcs)
     yaml_submit = submit_yaml.to_deployment(
-        name="submit-yaml", parameters=url or None, tags=["apiary"],
+        name="submit-yaml", tags=["apiary"],
         description="Submit a complete OpenPAI job YAML to Apiary and follow it.",
     )
     yaml_submit._parameter_openapi_schema = _schema(yaml_submit, None)
     job = rerun_job.to_deployment(
-        name="job", parameters=url or None, tags=["apiary"],
+        name="job", tags=["apiary"],
         description="Apiary jobs submitted by the CLI or REST API (runs are made by Apiary's bridge). "
                     "Retry on a finished run re-runs its job as a new job.",
     )
     job._parameter_openapi_schema = _schema(job, None)
     loop = scheduling_loop.to_deployment(
         name="loop",
-        parameters={"api_url": api_url, "cycles": 10, "interval_s": 1.0} if api_url else {"cycles": 10},
+        parameters={"cycles": 10, "interval_s": 1.0},
         description="On demand: drive Apiary's scheduler for a few cycles and record its decisions "
                     "(Apiary schedules on its own; this is for looking, not needed to run jobs).",
         tags=["apiary"],
@@ -115,17 +126,16 @@ DRILL_SCHEDULES = (
 )
 
 
-def drill_deployments(api_url: str | None = None, active: bool | None = None) -> list:
+def drill_deployments(active: bool | None = None) -> list:
     """The drills' deployments (:data:`DRILL_SCHEDULES`), one run at a time each. Their schedules
     are active only with ``active`` (default: ``APIARY_DRILL_SCHEDULES=1``, which ``apiary up``
     sets): a platform started by a test or ``apiary demo`` keeps them paused, so no probe job
-    lands among the jobs it checks. Paused or not, each can be run by hand from the UI."""
-    api_url = api_url or os.environ.get("APIARY_API_URL")
-    url = {"api_url": api_url} if api_url else {}
+    lands among the jobs it checks. Paused or not, each can be run by hand from the UI, with
+    parameters that only narrow the drill (flows/drills.py)."""
     if active is None:
         active = os.environ.get("APIARY_DRILL_SCHEDULES") == "1"
     return [
-        fl.to_deployment(name=name, cron=cron, description=text, parameters=url or None, tags=["apiary", "drill"],
+        fl.to_deployment(name=name, cron=cron, description=text, tags=["apiary", "drill"],
                          concurrency_limit=1, paused=not active)
         for fl, name, cron, text in DRILL_SCHEDULES
     ]
@@ -156,8 +166,8 @@ def _schema(deployment, vcs: list[str] | None) -> object:
 
 def ops_deployments() -> list:
     """The runbooks (``runbook/gpu-node-repair``, ``runbook/node-drain``: started by hand, with the
-    incident and the node) and ``alert-quality/weekly`` (Monday 08:00 UTC; active with the drills'
-    schedules)."""
+    incident and the node; they act only for an open incident that names the node) and
+    ``alert-quality/weekly`` (Monday 08:00 UTC; active with the drills' schedules)."""
     active = os.environ.get("APIARY_DRILL_SCHEDULES") == "1"
     return [
         *(runbook.to_deployment(name=name, parameters={"which": which}, description=text, tags=["apiary", "runbook"])

@@ -44,6 +44,7 @@ def fake_apiary(monkeypatch):
     monkeypatch.setenv("DO_NOT_TRACK", "1")
     monkeypatch.setattr("apiary.tracking.submit.asyncio.sleep", _fast_sleep)
     with FakeApiary() as fake:
+        monkeypatch.setenv("APIARY_API_URL", fake.url)  # the platform's URL: the flows take none
         yield fake
 
 
@@ -65,7 +66,7 @@ def test_form_run_submits_the_job_with_its_flow_run_id_and_ends_completed(prefec
     from flows.job import submit_form
 
     state = asyncio.run(submit_form(name="mnist", user="alice", virtual_cluster="vc2", task_roles=[ROLE],
-                                    priority_class="prod", api_url=fake_apiary.url, return_state=True))
+                                    priority_class="prod", return_state=True))
     assert state.type.value == "COMPLETED" and state.name == "Completed"
     assert "alice~mnist: job SUCCEEDED" in state.message
     [sub] = fake_apiary.submissions
@@ -95,9 +96,9 @@ def test_rerun_of_a_finished_job_submits_a_clone_attached_to_the_same_run(prefec
     from flows.job import rerun_job, submit_form
 
     first = asyncio.run(submit_form(name="again", user="carol", virtual_cluster="vc1", task_roles=[ROLE],
-                                    api_url=fake_apiary.url, return_state=True))
+                                    return_state=True))
     assert first.is_completed()
-    state = asyncio.run(rerun_job(job_id="carol~again", api_url=fake_apiary.url, return_state=True))
+    state = asyncio.run(rerun_job(job_id="carol~again", return_state=True))
     assert state.is_completed() and "carol~again-retry1" in state.message
     assert [s["spec"]["name"] for s in fake_apiary.submissions] == ["again", "again-retry1"]
     assert fake_apiary.submissions[1]["flowRunId"] == str(state.state_details.flow_run_id)
@@ -106,13 +107,13 @@ def test_rerun_of_a_finished_job_submits_a_clone_attached_to_the_same_run(prefec
 def test_taken_name_of_another_run_is_the_apis_conflict(prefect_api, fake_apiary):
     from flows.job import submit_form
 
-    kw = {"name": "dup", "user": "dan", "virtual_cluster": "vc1", "task_roles": [ROLE], "api_url": fake_apiary.url}
+    kw = {"name": "dup", "user": "dan", "virtual_cluster": "vc1", "task_roles": [ROLE]}
     assert asyncio.run(submit_form(**kw, return_state=True)).is_completed()
     state = asyncio.run(submit_form(**kw, return_state=True))
     assert state.is_failed() and "already exists" in state.message
 
 
-def test_scheduling_flow_records_decisions(prefect_api):
+def test_scheduling_flow_records_decisions(prefect_api, monkeypatch):
     from fastapi import FastAPI
     from flows.scheduling import scheduling_loop
 
@@ -127,7 +128,8 @@ def test_scheduling_flow_records_decisions(prefect_api):
 
     assert isinstance(fake.app, FastAPI)
     with fake:
-        rows = asyncio.run(scheduling_loop(api_url=fake.url, cycles=3, interval_s=0.01))
+        monkeypatch.setenv("APIARY_API_URL", fake.url)
+        rows = asyncio.run(scheduling_loop(cycles=3, interval_s=0.01))
     assert len(calls) == 3
     assert rows[0]["placed"] == "a~x" and rows[1]["waiting"] == "b~y: no gpus"
 
@@ -140,9 +142,10 @@ def _serve_module():
     return mod
 
 
-def test_serve_builds_the_deployments_with_a_form_and_no_schedule():
+def test_serve_builds_the_deployments_with_a_form_and_no_schedule(monkeypatch):
     with FakeApiary(virtual_clusters=("vc1", "vc2")) as fake:
-        submit, yaml_submit, job, loop, whatif = _serve_module().deployments(fake.url)
+        monkeypatch.setenv("APIARY_API_URL", fake.url)
+        submit, yaml_submit, job, loop, whatif = _serve_module().deployments()
     assert [(d.flow_name, d.name) for d in (submit, yaml_submit, job, loop, whatif)] == [
         ("apiary-job", "submit"), ("apiary-job", "submit-yaml"), ("apiary-job", "job"),
         ("scheduling-loop", "loop"), ("what-if-replay", "whatif")]
@@ -151,9 +154,9 @@ def test_serve_builds_the_deployments_with_a_form_and_no_schedule():
     assert props["virtual_cluster"]["enum"] == ["vc1", "vc2"] and props["virtual_cluster"]["title"] == "Virtual cluster"
     assert "protocolVersion" not in props and "type" not in props  # constants are filled in, not asked
     assert props["priority_class"]["enum"] == ["crit", "prod", "test", "oppo"]
-    assert submit.parameters["api_url"] == fake.url and submit.parameters["task_roles"][0]["gpus"] == 1
+    assert "api_url" not in submit.parameters and submit.parameters["task_roles"][0]["gpus"] == 1
     assert set(job._parameter_openapi_schema.model_dump()["properties"]) == {"job_id"}
-    assert "api_url" not in props  # the platform fills it in; the form does not ask
+    assert "api_url" not in props  # the flows reach the platform's own URL; no run names one
 
 
 def test_drill_schedules_are_paused_unless_the_platform_asks_for_them(monkeypatch):
@@ -161,11 +164,11 @@ def test_drill_schedules_are_paused_unless_the_platform_asks_for_them(monkeypatc
     sets APIARY_DRILL_SCHEDULES=1."""
     serve = _serve_module()
     monkeypatch.delenv("APIARY_DRILL_SCHEDULES", raising=False)
-    paused = serve.drill_deployments("http://127.0.0.1:1")
+    paused = serve.drill_deployments()
     assert [d.name for d in paused] == ["inspection", "nightly", "weekly", "weekly"]
     assert all(d.paused and d.schedules for d in paused)
     monkeypatch.setenv("APIARY_DRILL_SCHEDULES", "1")
-    assert not any(d.paused for d in serve.drill_deployments("http://127.0.0.1:1"))
+    assert not any(d.paused for d in serve.drill_deployments())
 
 
 def test_runbooks_and_the_alert_quality_report_are_served(monkeypatch):

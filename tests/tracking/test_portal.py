@@ -17,13 +17,15 @@ def fake(monkeypatch: pytest.MonkeyPatch):
     """A fake Apiary, behind a (notionally) protected Prefect server: the form's user is trusted."""
     monkeypatch.setenv("PREFECT_API_AUTH_STRING", "apiary:test")
     with FakeApiary() as f:
+        monkeypatch.setenv("APIARY_API_URL", f.url)
         yield f
 
 
 def test_an_unprotected_prefect_server_cannot_submit_for_a_user(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv("PREFECT_API_AUTH_STRING", raising=False)
     with FakeApiary() as f, pytest.raises(UserError, match="not protected"):
-        run(flow_run_id="run-0", job={"name": "x", "taskRoles": {}}, user="alice", api_url=f.url)
+        monkeypatch.setenv("APIARY_API_URL", f.url)
+        run(flow_run_id="run-0", job={"name": "x", "taskRoles": {}}, user="alice")
     assert f.submissions == []
 
 
@@ -68,30 +70,30 @@ def test_form_schema_titles_fields_and_offers_the_clusters_vcs():
 
 def test_run_submits_then_a_second_run_of_the_same_flow_run_re_runs_the_ended_job(fake):
     job = job_from_form("train", "vc1", [TaskRoleForm(commands=["true"])])
-    first = run(flow_run_id="run-1", job=job, user="alice", api_url=fake.url)
+    first = run(flow_run_id="run-1", job=job, user="alice")
     assert first["id"] == "alice~train" and first["state"] == "SUCCEEDED"
-    again = run(flow_run_id="run-1", job=job, user="alice", api_url=fake.url)
+    again = run(flow_run_id="run-1", job=job, user="alice")
     assert again["id"] == "alice~train-retry1"
-    third = run(flow_run_id="run-1", job_id="alice~train-retry1", api_url=fake.url)
+    third = run(flow_run_id="run-1", job_id="alice~train-retry1")
     assert third["id"] == "alice~train-retry2"  # a chain of retries stays flat
     assert [s["flowRunId"] for s in fake.submissions] == ["run-1"] * 3
 
 
 def test_a_job_still_running_is_followed_not_cloned(fake):
     job = job_from_form("long", "vc1", [TaskRoleForm(commands=["sleep 1"])])
-    run(flow_run_id="run-2", job=job, user="bob", api_url=fake.url)
+    run(flow_run_id="run-2", job=job, user="bob")
     fake.jobs["bob~long"]["state"] = "RUNNING"  # as if the flow process restarted mid-job
     fake.gets["bob~long"] = 1
-    out = run(flow_run_id="run-2", job_id="bob~long", api_url=fake.url)
+    out = run(flow_run_id="run-2", job_id="bob~long")
     assert out["id"] == "bob~long" and len(fake.submissions) == 1
 
 
 def test_name_taken_by_another_run_is_a_conflict_and_bad_input_a_user_error(fake):
     job = job_from_form("mine", "vc1", [TaskRoleForm(commands=["true"])])
-    run(flow_run_id="run-3", job=job, user="carol", api_url=fake.url)
+    run(flow_run_id="run-3", job=job, user="carol")
     with pytest.raises(ConflictError, match="already exists"):
-        run(flow_run_id="other-run", job=job, user="carol", api_url=fake.url)
+        run(flow_run_id="other-run", job=job, user="carol")
     with pytest.raises(UserError, match="taskRoles"):
-        run(flow_run_id="r", job={"name": "x"}, user="carol", api_url=fake.url)
+        run(flow_run_id="r", job={"name": "x"}, user="carol")
     with pytest.raises(UserError, match="either"):
-        run(flow_run_id="r", api_url=fake.url)
+        run(flow_run_id="r")

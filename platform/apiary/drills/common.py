@@ -4,7 +4,8 @@ Who a drill acts as: the drills cordon nodes, read every VC and report results, 
 platform admin: ``APIARY_DRILL_TOKEN``, else the admin's ``APIARY_HOME/token`` (``apiary up``
 writes it; its Prefect children share the home), else ``APIARY_TOKEN``. With a service token
 (the Prefect bridge's) the probe and benchmark jobs are submitted on behalf of
-``APIARY_DRILL_USER``; node cordons then fail with 403 and the report says so.
+``APIARY_DRILL_USER``; node cordons then fail with 403 and the report says so. The token is sent
+only to the platform's configured URL (:meth:`DrillApi.from_env`).
 """
 
 from __future__ import annotations
@@ -79,8 +80,10 @@ class DrillApi(ApiaryClient):
 
     @classmethod
     def from_env(cls, api_url: str | None = None, settings: DrillSettings | None = None) -> DrillApi:
-        """A client of ``api_url`` (default ``APIARY_API_URL`` or the running ``apiary up``'s) with
-        the drills' token (:func:`drill_token`)."""
+        """A client with the drills' token (:func:`drill_token`) of the platform's configured URL
+        (:func:`apiary.tracking.submit.platform_api_url`), or of ``api_url`` when a trusted caller on
+        the host names one (``python -m apiary.drills --api``). The Prefect flows never pass
+        ``api_url``: a run parameter would send the admin's token wherever the run's starter chose."""
         from apiary.tracking.submit import resolve_api_url
 
         settings = settings or DrillSettings()

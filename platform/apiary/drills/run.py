@@ -1,6 +1,10 @@
 """One entry point per drill, with the settings resolved: what the Prefect flows (flows/drills.py)
 and ``python -m apiary.drills`` call.
 
+``api_url`` is for a trusted caller on the host (``python -m apiary.drills --api``); the Prefect
+flows never pass one, so the drills' admin token goes only to the platform's configured URL
+(:func:`apiary.tracking.submit.platform_api_url`).
+
 Each returns a :class:`~apiary.drills.common.DrillOutcome` and has reported it to the control
 plane (``POST /api/v2/drills/results``). A drill that cannot even start (the API unreachable, a
 bad rules file) is a ``failed`` outcome too, reported when the API answers, so that
@@ -16,7 +20,7 @@ from pathlib import Path
 
 from apiary.drills.common import DrillApi, DrillOutcome, DrillSettings, record
 from apiary.drills.guard import GuardConfig
-from apiary.errors import ApiaryError
+from apiary.errors import ApiaryError, UserError
 
 logger = logging.getLogger(__name__)
 
@@ -74,9 +78,13 @@ def stress_drill(api_url: str | None = None, *, nodes: list[str] | None = None, 
 
 
 def chaos_drill(api_url: str | None = None, *, experiments: list[str] | None = None, chaos_dir: str | None = None,
-                timeout_s: float = 300.0, allow_disruptive: bool = False) -> DrillOutcome:
+                timeout_s: float = 300.0, allow_disruptive: bool = False, tagged_only: bool = False) -> DrillOutcome:
     """Run the experiments of ``chaos_dir`` (default the repository's ``chaos/``) tagged for drills,
-    or those named in ``experiments``, each under the guard."""
+    or those named in ``experiments``, each under the guard.
+
+    ``tagged_only`` (what the Prefect flow passes): ``experiments`` may only pick among the ones the
+    schedule runs (tagged for drills, neither ``root`` nor disruptive); a name outside them fails
+    the drill before anything runs, naming it."""
     from apiary.drills.adapters import SKIP_TAGS, chaos_experiments
     from apiary.drills.live import run_chaos_drill
     from apiary.settings import Settings
@@ -84,8 +92,15 @@ def chaos_drill(api_url: str | None = None, *, experiments: list[str] | None = N
     def body(api: DrillApi, s: DrillSettings) -> DrillOutcome:
         home = Settings().home_dir
         journals = home / "drills" / "chaos" / time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        picked = chaos_experiments(Path(chaos_dir) if chaos_dir else CHAOS_DIR, names=experiments,
-                                   allow_disruptive=allow_disruptive, skip_tags=SKIP_TAGS)
+        directory = Path(chaos_dir) if chaos_dir else CHAOS_DIR
+        if tagged_only:
+            allowed = chaos_experiments(directory, skip_tags=SKIP_TAGS)
+            unknown = sorted(set(experiments or ()) - {p.name for p in allowed} - {p.stem for p in allowed})
+            if unknown:
+                raise UserError(f"experiments: not among the experiments tagged for drills: {', '.join(unknown)} "
+                                f"(those are: {', '.join(p.stem for p in allowed) or 'none'})")
+        picked = chaos_experiments(directory, names=experiments, allow_disruptive=allow_disruptive and not tagged_only,
+                                   skip_tags=SKIP_TAGS)
         guard = _guard(s)
         guard.allow_disruption = allow_disruptive
         return run_chaos_drill(api, picked, home=home, journal_dir=journals, timeout_s=timeout_s, guard=guard,

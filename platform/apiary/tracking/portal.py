@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from apiary.errors import ConflictError, UnavailableError, UserError, error_from_response
 from apiary.tracking.source import API_PREFIX, FLOW_RUN_HEADER, service_headers
-from apiary.tracking.submit import FINAL_STATES, resolve_api_url, submit_job, wait_for_job
+from apiary.tracking.submit import FINAL_STATES, platform_api_url, submit_job, wait_for_job
 
 logger = logging.getLogger(__name__)
 
@@ -131,13 +131,15 @@ async def run_job(
     job: Any = None,
     user: str | None = None,
     job_id: str | None = None,
-    api_url: str | None = None,
     poll_s: float = 1.0,
     timeout_s: float | None = None,
 ) -> dict:
     """The body of every ``apiary-job`` run: submit (or re-run) a job, wait, return its final JSON.
 
     Give either ``job`` (wire dict or YAML text) with ``user``, or ``job_id`` of an existing job.
+    Apiary is reached at the platform's configured URL only
+    (:func:`apiary.tracking.submit.platform_api_url`), never at one a run parameter names: the
+    calls carry the bridge's service token.
 
     * First run: submits ``job`` attached to ``flow_run_id``.
     * The job exists already and is attached to this run (Retry, or the run restarted): if it
@@ -152,7 +154,7 @@ async def run_job(
     """
     if (job is None) == (job_id is None):
         raise UserError("job: give either a job spec or the id of an existing job")
-    base = resolve_api_url(api_url)
+    base = platform_api_url()
     async with httpx.AsyncClient(base_url=base, timeout=30.0, headers=service_headers()) as client:
         if job is not None:
             if not user:
@@ -223,17 +225,13 @@ def form_schema(schema: dict[str, Any], virtual_clusters: list[str] | None = Non
     Python names and drops their constraints; this puts back the titles, the name pattern,
     ``minItems`` of the task roles, and, when ``virtual_clusters`` is given (the cluster's VC
     names, read from Apiary when the deployment is served), an ``enum`` so the form offers a
-    drop-down. ``api_url`` is left out of the form: the platform's serve process knows it
-    (``APIARY_API_URL``, or the deployment's default), and an ML engineer has nothing to put there.
+    drop-down. The flows take no URL: they reach Apiary at the platform's configured URL only.
     Returns a new dict; ``schema`` is not changed.
     """
     import copy
 
     out = copy.deepcopy(schema)
     props = out.get("properties", {})
-    props.pop("api_url", None)
-    if "required" in out:
-        out["required"] = [k for k in out["required"] if k != "api_url"]
     for key, title in _TITLES.items():
         if key in props:
             props[key]["title"] = title

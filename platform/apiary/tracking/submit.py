@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "FINAL_STATES",
+    "platform_api_url",
     "resolve_api_url",
     "run_scheduler_cycle",
     "submit_job",
@@ -33,12 +34,30 @@ __all__ = [
 FINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 
 
-def resolve_api_url(api_url: str | None) -> str:
-    """``api_url``, else ``APIARY_API_URL``, else what ``apiary.settings`` resolves; no ``/api/v2``.
+def resolve_api_url(api_url: str | None = None) -> str:
+    """The control plane's base URL (no ``/api/v2``): ``api_url`` when a trusted caller names one
+    (the CLI's ``--api``), else the platform's configured one (:func:`platform_api_url`).
+
+    Flows and deployments never pass ``api_url``: a run parameter is chosen by whoever starts the
+    run in the Prefect UI, and every call made with the result carries a token.
 
     Raises :class:`~apiary.errors.UserError` when none is known.
     """
-    url = api_url or os.environ.get("APIARY_API_URL")
+    if not api_url:
+        return platform_api_url()
+    url = api_url.rstrip("/")
+    return url[: -len(API_PREFIX)] if url.endswith(API_PREFIX) else url
+
+
+def platform_api_url() -> str:
+    """The platform's own API URL, from the serving process's configuration only:
+    ``APIARY_API_URL`` (``apiary up`` sets it for its Prefect children), else the URL a running
+    ``apiary up`` recorded in ``APIARY_HOME/run/api_url`` (:meth:`apiary.settings.Settings.resolved_api_url`).
+    The only URL the flows send tokens to; without a trailing ``/`` or ``/api/v2``.
+
+    Raises :class:`~apiary.errors.UserError` when neither is set.
+    """
+    url = os.environ.get("APIARY_API_URL")
     if not url:
         try:
             from apiary.settings import Settings
@@ -47,7 +66,7 @@ def resolve_api_url(api_url: str | None) -> str:
         except Exception:  # settings are optional here; the error below says what to set
             url = None
     if not url:
-        raise UserError("api_url: not given and APIARY_API_URL is not set")
+        raise UserError("APIARY_API_URL: not set in the environment of the process that runs the flows")
     url = url.rstrip("/")
     return url[: -len(API_PREFIX)] if url.endswith(API_PREFIX) else url
 
