@@ -10,6 +10,8 @@ the whole module: every case must leave it as it found it. The corpus runs again
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 from tests.api import test_authz
@@ -91,3 +93,68 @@ def test_the_node_agents_still_work_after_the_corpus(world: World) -> None:
     assert world.report(CAROL, [{"run_id": world.run_id, "state": "running", "pid": 1, "started_at": 1.0}]) == 200
     assert [a["runId"] for a in world.assignments(CAROL)] == [world.run_id]
     assert world.state() == "RUNNING"
+
+
+# --------------------------------------------------------------------------- input the agent can always handle
+
+
+def _json_job(**changes: object) -> bytes:
+    """``job(**changes)`` as Python's json.dumps writes it (non-ASCII as \\u escapes)."""
+    return json.dumps(job(**changes)).encode()
+
+
+def _renamed_role(name: str) -> bytes:
+    doc = job()
+    doc["taskRoles"] = {name: doc["taskRoles"]["train"]}
+    return json.dumps(doc).encode()
+
+
+_PLUGIN_KEY = "com.microsoft.pai.runtimeplugin"
+#: A 30 KB body whose one command references a 10 KB parameter 1,000 times: 10 MB once rendered.
+_AMPLIFIER = _json_job(parameters={"big": "x" * 10_000},
+                       train={"commands": ["echo " + " ".join(["<% $parameters.big %>"] * 1_000)]})
+
+ADMISSION = [
+    Hostile("task-role-name-trailing-newline", "POST", "/api/v2/jobs", _renamed_role("train\n"), "application/json",
+            names="task role name"),
+    Hostile("command-nul", "POST", "/api/v2/jobs", _json_job(train={"commands": ["echo a\x00b"]}),
+            "application/json", names="taskRoles.train.commands[0]"),
+    Hostile("secret-key-nul", "POST", "/api/v2/jobs", _json_job(secrets={"k\x00": "v"}), "application/json",
+            names="NUL"),
+    Hostile("secret-value-nul-yaml", "POST", "/api/v2/jobs",
+            yaml.safe_dump(job(secrets={"k": "v\x00"})).encode(), "text/yaml", names="secrets.k"),
+    Hostile("protocol-version-float-2", "POST", "/api/v2/jobs", _json_job(protocolVersion=2.0), "application/json",
+            names="protocolVersion"),
+    Hostile("protocol-version-true", "POST", "/api/v2/jobs", _json_job(protocolVersion=True), "application/json",
+            names="protocolVersion"),
+    Hostile("commands-render-to-10-mb", "POST", "/api/v2/jobs", _AMPLIFIER, "application/json",
+            names="10001005 bytes"),
+    Hostile("runtime-plugin-teamwise-storage", "POST", "/api/v2/jobs",
+            _json_job(extras={_PLUGIN_KEY: [{"plugin": "teamwise_storage"}]}), "application/json",
+            names="teamwise_storage"),
+    Hostile("json-lone-surrogate", "POST", "/api/v2/jobs",
+            _json_job(description="\ud800"), "application/json", names="lone surrogate"),
+]
+
+
+@pytest.mark.parametrize("case", ADMISSION, ids=lambda c: c.id)
+def test_input_a_node_agent_could_not_handle_is_refused(world: World, case: Hostile) -> None:
+    """Each reaches the client as a 400 naming the field, leaves no trace, and the platform serves on."""
+    assert len(case.body or b"") < 40_000
+    test_hostile_request_is_refused_and_changes_nothing(world, case)
+
+
+def test_a_secret_value_is_not_echoed_in_the_refusal(world: World) -> None:
+    r = world.client.post("/api/v2/jobs", content=_json_job(name="nul-secret", secrets={"k": "hunter2\x00"}),
+                          headers={**world.headers["alice"], "Content-Type": "application/json"})
+    assert r.status_code == 400 and "hunter2" not in r.text and r.json()["field"] == "secrets.k", r.text
+
+
+def test_json_with_an_escaped_surrogate_pair_is_accepted(world: World) -> None:
+    body = _json_job(name="emoji-json", description="😀")
+    assert b"\\ud83d\\ude00" in body
+    r = world.client.post("/api/v2/jobs", content=body,
+                          headers={**world.headers["alice"], "Content-Type": "application/json"})
+    assert r.status_code == 202, r.text
+    r = world.client.get("/api/v2/jobs/alice~emoji-json", headers=world.headers["alice"])
+    assert r.status_code == 200 and r.json()["name"] == "emoji-json", r.text

@@ -61,7 +61,7 @@ __all__ = [
     "parse_memory_mb",
 ]
 
-_QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGTPE]i?|k|m)?\s*$")
+_QUANTITY = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGTPE]i?|k|m)?\s*")  # fullmatch
 _FACTORS = {
     None: 1,
     "m": 1e-3,
@@ -84,7 +84,7 @@ _FACTORS = {
 def parse_memory_mb(quantity: str | int) -> int:
     """A Kubernetes memory quantity (``4096Mi``, ``16Gi``, ``1G``, bytes as a number) in MiB, rounded
     down.  Raises ``ValueError`` for anything else."""
-    m = _QUANTITY.match(str(quantity))
+    m = _QUANTITY.fullmatch(str(quantity))
     if not m:
         raise ValueError(f"not a memory quantity: {quantity!r} (use e.g. 4096Mi or 16Gi)")
     value = float(m.group(1)) * _FACTORS[m.group(2)]

@@ -33,9 +33,9 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from apiary.errors import ValidationError
-from apiary.spec import safeyaml
+from apiary.spec import admission, safeyaml
 from apiary.spec.probes import validate_probes
-from apiary.spec.templating import render
+from apiary.spec.templating import render, rendered_size
 
 logger = logging.getLogger(__name__)
 
@@ -79,13 +79,18 @@ DEFAULT_PRIORITY_CLASS: Literal["test"] = "test"
 DEFAULT_VIRTUAL_CLUSTER = "default"
 
 #: Job, prerequisite and deployment names: schema ``PrerequisiteInfo.name`` and rest-server base.json.
+#: Given to pydantic's ``pattern``, which matches with Rust's regex engine: there ``$`` is the end of
+#: the text only, so ``"train\n"`` does not match (Python's ``re.match`` with ``$`` would let it by).
 NAME_PATTERN = r"^[a-zA-Z0-9_-]+$"
 NAME_MAX_LENGTH = 255
 #: Task role and port label names: "valid C variable name" (schema ``taskRoles`` and ``ports``;
 #: rest-server ``patternProperties``). The task role name becomes part of environment variable
 #: names such as ``PAI_TASK_ROLE_<name>_HOST_LIST``, hence no dashes.
 IDENTIFIER_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
-_IDENTIFIER_RE = re.compile(IDENTIFIER_PATTERN)
+#: Matched with ``fullmatch``: ``re.match`` with ``$`` accepts one trailing newline, and a task role
+#: ``"train\n"`` would reach a node agent as part of an environment variable's name.
+_IDENTIFIER_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_LEGACY_IDENTIFIER_RE = re.compile(IDENTIFIER_PATTERN)  # the rule jobs stored before fullmatch were accepted under
 
 _PREREQUISITE_TYPES = ("dockerimage", "script", "output", "data")
 
@@ -140,14 +145,21 @@ def _field_info(model: type[BaseModel], info: pydantic.ValidationInfo) -> FieldI
     return model.model_fields[info.field_name]
 
 
+def _stored(info: pydantic.ValidationInfo) -> bool:
+    """Whether the job is being reloaded from the store (``parse_job(..., stored=True)``)."""
+    return bool(info.context and info.context.get("stored"))
+
+
 def _check_identifier(kind: str) -> pydantic.AfterValidator:
-    def check(name: str) -> str:
-        if not _IDENTIFIER_RE.match(name):
+    def check(name: str, info: pydantic.ValidationInfo) -> str:
+        # A stored job is held to the rule it was accepted under (re.match: one trailing newline).
+        accepted = _LEGACY_IDENTIFIER_RE.match(name) if _stored(info) else _IDENTIFIER_RE.fullmatch(name)
+        if not accepted:
             raise PydanticCustomError(
                 "openpai_identifier",
-                "{kind} name '{name}' is not allowed: OpenPAI requires ^[a-zA-Z_][a-zA-Z0-9_]*$ "
+                "{kind} name {name} is not allowed: OpenPAI requires ^[a-zA-Z_][a-zA-Z0-9_]*$ "
                 "(a valid C variable name: letters, digits, underscores, not starting with a digit)",
-                {"kind": kind, "name": name},
+                {"kind": kind, "name": _brief(name)},
             )
         return name
 
@@ -163,11 +175,19 @@ RetryCount = Annotated[int, Field(ge=0, le=MAX_RETRY_COUNT)]
 Version = str | int | float
 
 
-def _protocol_version(value: Any) -> Any:
-    # schema: protocolVersion is the number 2 or the string "2"; normalised to the int 2.
-    if value == "2" and isinstance(value, str):
+def _protocol_version(value: Any, info: pydantic.ValidationInfo) -> Any:
+    # schema: protocolVersion is the number 2 or the string "2"; normalised to the int 2. The
+    # number is taken as the integer 2 only: 2.0 and True (which Python's == would let pass as
+    # Literal[2], 2.0 == 2) are refused; a job stored before that rule still reloads.
+    if (value == "2" and isinstance(value, str)) or (type(value) is int and value == 2):
         return 2
-    return value
+    if _stored(info) and type(value) is float and value == 2:
+        return 2
+    raise PydanticCustomError(
+        "openpai_protocol_version",
+        'protocol version must be the integer 2 (or the string "2", as OpenPAI\'s schema allows), got {value}',
+        {"value": _brief(value)},
+    )
 
 
 ProtocolVersion = Annotated[Literal[2], pydantic.BeforeValidator(_protocol_version)]
@@ -577,9 +597,24 @@ class JobSpec(_Model):
         task role; the path of the offending line (``taskRoles.train.commands[0]``,
         ``deployments[0].taskRoles.train.preCommands[1]``) for an unknown reference.
         """
+        lines = self._command_lines(task_role)  # first: it names an unknown task role
+        context = self.template_context(task_role)
+        return [render(text, context, field) for field, text in lines]
+
+    def rendered_commands_size(self, task_role: str) -> int:
+        """UTF-8 bytes of :meth:`render_commands` (each line plus one newline), counted without
+        rendering: a reference used many times is rendered once (see
+        :func:`apiary.spec.templating.rendered_size`; an unknown reference counts 0 bytes here and
+        fails in :meth:`render_commands`). Raises :class:`ValidationError` for an unknown task role.
+        """
+        lines = self._command_lines(task_role)
+        context = self.template_context(task_role)
+        return sum(rendered_size(text, context, field) + 1 for field, text in lines)
+
+    def _command_lines(self, task_role: str) -> list[tuple[str, str]]:
+        """``(field path, template)`` of every line :meth:`render_commands` renders, in order."""
         if task_role not in self.task_roles:
             raise ValidationError(f"taskRoles.{task_role}", f"the job has no task role {task_role!r}")
-        context = self.template_context(task_role)
         lines: list[tuple[str, str]] = []
         deployment = self.active_deployment()
         dep_tr = deployment.task_roles.get(task_role) if deployment else None
@@ -592,7 +627,7 @@ class JobSpec(_Model):
         ]
         if dep_tr:
             lines += [(f"{dep_base}.postCommands[{i}]", c) for i, c in enumerate(dep_tr.post_commands or [])]
-        return [render(text, context, field) for field, text in lines]
+        return lines
 
     # ------------------------------------------------------------------ serialisation
 
@@ -632,7 +667,8 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
         elif isinstance(previous, int) and item in _PREREQUISITE_TYPES and loc[0] == "prerequisites":
             pass  # the discriminated-union tag pydantic inserts after a list index
         else:
-            parts.append(f".{item}" if parts else str(item))
+            step = admission.path_key(item)
+            parts.append(f".{step}" if parts else step)
         previous = item
     return "".join(parts)
 
@@ -669,11 +705,19 @@ def _pydantic_to_validation_error(exc: pydantic.ValidationError) -> ValidationEr
     return ValidationError(field, f"{reason}; {rest}" if rest else reason)
 
 
-def parse_job(text: str | bytes, *, max_instances: int = DEFAULT_MAX_JOB_INSTANCES) -> JobSpec:
-    """Parse an OpenPAI job protocol v2 document (YAML; JSON is YAML) into a :class:`JobSpec`.
+def parse_job(
+    text: str | bytes, *, max_instances: int = DEFAULT_MAX_JOB_INSTANCES, stored: bool = False
+) -> JobSpec:
+    """Parse an OpenPAI job protocol v2 document (YAML, or JSON read as JSON) into a :class:`JobSpec`.
 
     ``max_instances``: most instances the job may have, all task roles together (the control
     plane's configured limit; default :data:`DEFAULT_MAX_JOB_INSTANCES`).
+
+    ``stored``: the text is a job the platform accepted earlier, reloaded from its store. Then the
+    rules of :mod:`apiary.spec.admission` (no NUL or lone surrogate, only implemented runtime
+    plugins, rendered commands within :data:`apiary.spec.admission.MAX_RENDERED_BYTES`) are not
+    applied, and a task role name and ``protocolVersion`` are held to the rule they were accepted
+    under (a trailing newline; the number 2.0), so that no upgrade makes a stored job unreadable.
 
     Raises :class:`apiary.errors.ValidationError` and nothing else for bad input:
 
@@ -681,6 +725,9 @@ def parse_job(text: str | bytes, *, max_instances: int = DEFAULT_MAX_JOB_INSTANC
       1-based), YAML outside :func:`apiary.spec.safeyaml.load`'s limits (nesting, aliases,
       size, duplicate keys) or a document that is not a mapping;
     * ``field="taskRoles"`` for more than ``max_instances`` instances in all;
+    * the rules of :mod:`apiary.spec.admission`, each naming its field
+      (``taskRoles.train.commands[0]`` for a NUL, ``extras.com.microsoft.pai.runtimeplugin[0].plugin``,
+      ``taskRoles.train.commands`` for commands that render past the limit);
     * otherwise ``field`` is the dotted wire path of the first offending field
       (``taskRoles.train.resourcePerInstance.gpu``), and the message lists every problem
       found, ``"a.b: reason; c: reason"``.
@@ -688,8 +735,10 @@ def parse_job(text: str | bytes, *, max_instances: int = DEFAULT_MAX_JOB_INSTANC
     data = safeyaml.load(text, field="body", what="job spec")
     if not isinstance(data, dict):
         raise ValidationError("body", f"job spec must be a YAML mapping, got {type(data).__name__}")
+    if not stored:
+        admission.refuse_bad_text(data)
     try:
-        spec = JobSpec.model_validate(data)
+        spec = JobSpec.model_validate(data, context={"stored": stored})
     except pydantic.ValidationError as exc:
         error = _pydantic_to_validation_error(exc)
         logger.debug("rejected job spec: %s", error.message)
@@ -701,4 +750,7 @@ def parse_job(text: str | bytes, *, max_instances: int = DEFAULT_MAX_JOB_INSTANC
             f"the job asks for {total} instances in all task roles, more than the {max_instances} "
             "one job may have (a limit the platform configures: APIARY_MAX_INSTANCES)",
         )
+    if not stored:
+        admission.check_runtime_plugins(spec.extras.model_extra if spec.extras else None)
+        admission.check_rendered_sizes(spec)
     return spec

@@ -89,7 +89,8 @@ EXTRAS_KEY = "apiary"
 LIVENESS = "livenessProbe"
 READINESS = "readinessProbe"
 DEFAULT_HOST = "127.0.0.1"
-_LABEL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # port labels are C identifiers (apiary.spec.job)
+#: Port labels are C identifiers (apiary.spec.job); matched with ``fullmatch`` (``$`` would allow a trailing newline).
+_LABEL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 class _Model(BaseModel):
     # strict, like apiary.spec.job: YAML yields native ints; "5" is no integer and True no 1.
@@ -101,7 +102,7 @@ def _check_port(value: Any) -> int | str:
         if 0 < value < 65536:
             return value
         raise PydanticCustomError("probe_port", "port must be 1-65535, got {value}", {"value": value})
-    if isinstance(value, str) and _LABEL_RE.match(value):
+    if isinstance(value, str) and _LABEL_RE.fullmatch(value):
         return value  # a port label of resourcePerInstance.ports, resolved from the task's env
     raise PydanticCustomError(
         "probe_port",

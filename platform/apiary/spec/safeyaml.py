@@ -35,6 +35,15 @@ PyYAML has libyaml, its C parser is used for events only (``_CLoader``): composi
 checks sit, and constructing stay PyYAML's Python code, so the checks are exactly those of the
 pure-Python loader (``_PyLoader``, the fallback), just faster.
 
+**JSON** (a text whose first character, after white space and a BOM, is ``{`` or ``[``) is read as
+JSON first, with ``json.loads``, within the same depth and node limits (JSON has no aliases). JSON is
+not quite a subset of YAML 1.1 as PyYAML reads it: an escaped surrogate pair (``"\\ud83d\\ude00"``,
+what Python's ``json.dumps`` writes for an emoji) is one character to JSON and an error to PyYAML,
+and ``\\/`` is JSON's escaped slash. A text that is not valid JSON (a YAML flow mapping such as
+``{a: 1}``, a JSON text with a duplicate key) or that nests past the limit is read as YAML instead,
+so its errors are the YAML messages below. A JSON string holding a lone surrogate (``"\\ud800"``),
+which no UTF-8 text can carry, is refused.
+
 Every failure, limits and plain syntax errors alike, is an :class:`apiary.errors.ValidationError`
 with the caller's ``field`` (``"body"`` for a job spec) and a reason giving the limit and the
 1-based line (and column) where it was crossed.
@@ -42,6 +51,8 @@ with the caller's ``field`` (``"body"`` for a job spec) and a reason giving the 
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -78,6 +89,92 @@ MAX_NODES = 100_000
 ALIAS_CHARS_PER_NODE = 32
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+
+# ---- JSON
+
+#: What JSON allows before a value (RFC 8259 section 2), plus the BOM that json.loads refuses.
+_JSON_SPACE = " \t\r\n\ufeff"
+#: A JSON string or a bracket; possessive, so an unterminated string is scanned once, not per quote.
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]++|\\.)*+"|[\[\]{}]', re.DOTALL)
+
+
+class _DuplicateKeyError(ValueError):
+    """A JSON object with a key twice (json.loads keeps the last): read as YAML, which names the line."""
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        raise _DuplicateKeyError
+    return data
+
+
+def _json_depth_within(text: str, max_depth: int) -> bool:
+    """Whether the brackets of ``text`` outside JSON strings nest at most ``max_depth`` deep.
+
+    Checked before ``json.loads``, whose C scanner recurses once per level (100,000 levels raise
+    RecursionError). Stops at the first bracket past the limit, so ``[`` * 10**6 costs 65 steps.
+    """
+    depth = 0
+    for match in _JSON_TOKEN.finditer(text):
+        token = match.group()
+        if token in ("[", "{"):
+            depth += 1
+            if depth > max_depth:
+                return False
+        elif token in ("]", "}"):
+            depth -= 1
+    return True
+
+
+def _check_json(data: Any, *, field: str, what: str, max_nodes: int) -> None:
+    """Count the nodes of parsed JSON (as :class:`_Bounds` counts YAML's: keys too) and refuse lone
+    surrogates. Iterative (the data may nest up to the depth limit); children are counted as they
+    are queued, so a list past the limit is refused before any of it is queued.
+    """
+    nodes = 1
+    # (where, value); where is (parent's where, key or index) or None for the root: a path built
+    # only when an error names it
+    stack: list[tuple[Any, Any]] = [(None, data)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            _check_unicode(value, where, field=field, what=what)
+        elif isinstance(value, dict | list):
+            nodes += len(value) * (2 if isinstance(value, dict) else 1)
+            if nodes > max_nodes:
+                raise ValidationError(field, f"JSON document has more than {max_nodes} nodes")
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    _check_unicode(key, where, field=field, what=what)
+                    stack.append(((where, key), item))
+            else:
+                stack.extend(((where, i), item) for i, item in enumerate(value))
+
+
+def _json_path(where: Any) -> str:
+    """``taskRoles.train.commands[0]`` from a chain of (parent, key) pairs; "" for the root."""
+    steps: list[str | int] = []
+    while where is not None:
+        where, step = where
+        steps.append(step)
+    path = ""
+    for step in reversed(steps):
+        path += f"[{step}]" if isinstance(step, int) else f".{step}" if path else str(step)
+    return path
+
+
+def _check_unicode(text: str, where: Any, *, field: str, what: str) -> None:
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        path = _json_path(where)
+        at = f" at {path}" if path else ""
+        raise ValidationError(
+            field, f"{what} is not valid text: a lone surrogate {text[exc.start]!r}{at} (no UTF-8 text holds one)"
+        ) from None
 
 
 def _at(mark: Mark) -> str:
@@ -274,7 +371,9 @@ def load(
 
     Returns what ``yaml.safe_load`` returns for the same document (None for an empty one) when
     it is within the limits (see the module docstring; defaults :data:`MAX_DEPTH`,
-    :data:`MAX_ALIASES`, :data:`MAX_NODES`).
+    :data:`MAX_ALIASES`, :data:`MAX_NODES`). A JSON text is read as JSON (``json.loads``: escaped
+    surrogate pairs are one character; ``NaN`` and ``Infinity`` stay the strings YAML makes of
+    them) within the same depth and node limits.
 
     Raises :class:`apiary.errors.ValidationError` with ``field`` and nothing else for bad input:
     ``"<what> is not UTF-8 text: ..."`` for undecodable bytes, ``"<what> is not valid YAML at line
@@ -282,13 +381,23 @@ def load(
     deeper than 64 levels at line 1, column 65"``, ``"YAML aliases expand to more than 100000
     nodes at ..."``, ``"YAML aliases expand to more than 3200000 characters of text at ..."``,
     ``"more than 100 YAML aliases at ..."``, ``"duplicate key 'name' at line 3 (first at line 2)"``)
-    for a document outside them.
+    for a document outside them; for JSON, ``"JSON document has more than 100000 nodes"`` and
+    ``"<what> is not valid text: a lone surrogate '\\ud800' at <path>"``.
     """
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ValidationError(field, f"{what} is not UTF-8 text: {exc}") from None
+    json_text = text.lstrip(_JSON_SPACE)
+    if json_text[:1] in ("{", "[") and _json_depth_within(json_text, max_depth):
+        try:
+            data = json.loads(json_text, object_pairs_hook=_unique_pairs, parse_constant=str)
+        except ValueError:  # JSONDecodeError, a duplicate key, an int past 4,300 digits: read as YAML
+            pass
+        else:
+            _check_json(data, field=field, what=what, max_nodes=max_nodes)
+            return data
     try:
         # Inside the try: the reader already refuses characters YAML does not allow, and the C
         # parser encodes str to UTF-8, which fails on a lone surrogate ("\ud800").

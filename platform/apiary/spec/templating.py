@@ -21,11 +21,12 @@ from typing import Any
 
 from apiary.errors import ValidationError
 
-__all__ = ["TAG_RE", "render", "render_value"]
+__all__ = ["TAG_RE", "render", "render_value", "rendered_size", "utf8_size"]
 
 #: One template tag; the body is parsed by :data:`_REF_RE`. Non-greedy so two tags on a line stay two.
 TAG_RE = re.compile(r"<%(.*?)%>", re.DOTALL)
-_REF_RE = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)((?:\.[A-Za-z0-9_-]+|\[\d+\])*)$")
+#: A tag's body. Matched with ``fullmatch``: ``$`` alone would also match before a trailing newline.
+_REF_RE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)((?:\.[A-Za-z0-9_-]+|\[\d+\])*)")
 _STEP_RE = re.compile(r"\.([A-Za-z0-9_-]+)|\[(\d+)\]")
 
 
@@ -87,7 +88,7 @@ def render(template: str, context: Mapping[str, Any], field: str) -> str:
 
     def replace(match: re.Match[str]) -> str:
         ref = match.group(1).strip()
-        parsed = _REF_RE.match(ref)
+        parsed = _REF_RE.fullmatch(ref)
         if parsed is None:
             raise ValidationError(
                 field,
@@ -97,3 +98,34 @@ def render(template: str, context: Mapping[str, Any], field: str) -> str:
         return render_value(_lookup(ref, parsed.group(1), parsed.group(2), context, field))
 
     return TAG_RE.sub(replace, template)
+
+
+def utf8_size(text: str) -> int:
+    """Bytes of ``text`` encoded as UTF-8 (a lone surrogate counted as the 3 bytes it would take)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def rendered_size(template: str, context: Mapping[str, Any], field: str) -> int:
+    """UTF-8 bytes of ``render(template, context, field)``, counted without building the text.
+
+    Each distinct reference is rendered once (its value is held anyway) and counted every time it
+    is used, so a 10 KB parameter referenced 1,000 times costs 10 KB here, not the 10 MB the
+    rendered text would be. A tag that :func:`render` would refuse (malformed, unknown reference)
+    counts as 0 bytes: this answers "how big", :func:`render` answers "is it valid".
+    """
+    sizes: dict[str, int] = {}
+    size = 0
+    position = 0
+    for match in TAG_RE.finditer(template):
+        size += utf8_size(template[position:match.start()])
+        position = match.end()
+        ref = match.group(1).strip()
+        if ref not in sizes:
+            parsed = _REF_RE.fullmatch(ref)
+            try:
+                value = _lookup(ref, parsed.group(1), parsed.group(2), context, field) if parsed else ""
+            except ValidationError:
+                value = ""
+            sizes[ref] = utf8_size(render_value(value))
+        size += sizes[ref]
+    return size + utf8_size(template[position:])
