@@ -497,8 +497,18 @@ class _Step:
         if task is None or task.node != r.node or task.state.is_final:
             self.fx.ack = True  # unknown here, another node's, or already recorded: forget it
             return
-        if r.started_at is not None and task.state is TaskState.STARTING:
-            task.started = r.started_at
+        started_at = r.started_at
+        if started_at is None and r.exited and r.exit_code == 0:
+            # A success with no recorded start (the agent died between starting the task and
+            # recording it): the process ran, so it started; when is unknown, its end is the
+            # closest bound. Recording the start first keeps the job's edges legal (WAITING ->
+            # RUNNING -> SUCCEEDED; WAITING -> SUCCEEDED is none) and the job succeeds: it is never
+            # run again. Any other code without a start is a launch failure's edge (STARTING ->
+            # FAILED, the job WAITING -> FAILED or retried), decided by the code alone, as it would
+            # be with a start.
+            started_at = r.finished_at if r.finished_at is not None else self.now
+        if started_at is not None and task.state is TaskState.STARTING:
+            task.started = started_at
             task.pid = r.pid
             self.set_task_state(task, TaskState.RUNNING)
             if self.events:
