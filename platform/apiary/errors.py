@@ -70,6 +70,48 @@ class ConflictError(UserError):
     code = "ConflictJobError"
 
 
+class NoUserError(NotFoundError):
+    """No user of that name (OpenPAI's ``NoUserError``), e.g. ``X-Apiary-On-Behalf-Of: nobody``. HTTP 404."""
+
+    code = "NoUserError"
+
+
+class NoGroupError(NotFoundError):
+    """No group of that name (OpenPAI's ``NoGroupError``). HTTP 404."""
+
+    code = "NoGroupError"
+
+
+class NoTokenError(NotFoundError):
+    """No token with that id, or none the caller may see. HTTP 404."""
+
+    code = "NoTokenError"
+
+
+class NoVirtualClusterError(NotFoundError):
+    """No virtual cluster of that name in the cluster config (OpenPAI's ``NoVirtualClusterError``). HTTP 404."""
+
+    code = "NoVirtualClusterError"
+
+
+class ConflictUserError(ConflictError):
+    """A user or group of that name exists already (OpenPAI's ``ConflictUserError``). HTTP 409."""
+
+    code = "ConflictUserError"
+
+
+class LastAdminError(ConflictError):
+    """The change would leave no admin (nobody could manage users, groups or tokens). HTTP 409."""
+
+    code = "LastAdminError"
+
+
+class ConflictFlowRunError(ConflictError):
+    """The Prefect flow run is attached to another job already. HTTP 409."""
+
+    code = "ConflictFlowRunError"
+
+
 class UnauthorizedError(UserError):
     """No credential, or one Apiary does not accept (unknown, expired, revoked). HTTP 401, with
     ``WWW-Authenticate: Bearer`` (RFC 6750)."""

@@ -14,6 +14,7 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 
 from apiary.auth import Directory, Principal
+from apiary.auth.principal import SERVICES
 from apiary.errors import ForbiddenError
 
 ON_BEHALF_HEADER = "X-Apiary-On-Behalf-Of"
@@ -78,12 +79,23 @@ async def submitter(
     caller: Caller, directory: Dir, on_behalf_of: Annotated[str | None, Header(alias=ON_BEHALF_HEADER)] = None
 ) -> Principal:
     """Who a submission belongs to: the calling user, or (bridge token only) the existing user
-    named in ``X-Apiary-On-Behalf-Of``. Counts against that user's submission limit."""
+    named in ``X-Apiary-On-Behalf-Of``. Counts against that user's submission limit.
+
+    The bridge acts only for ordinary users: a header naming an admin or a service (``bridge``,
+    ``alertmanager``) is a 403, so the bridge's token (and whoever starts its flows) cannot
+    submit as an admin, whose submissions are not rate-limited and may use every VC. A name that
+    is no user is a 404 ``NoUserError``."""
     if on_behalf_of is not None:
         if not caller.is_bridge:
             raise ForbiddenError(f"Only the Prefect bridge may submit on behalf of another user "
                                  f"({ON_BEHALF_HEADER}); you are {caller.describe()}.")
+        if on_behalf_of in SERVICES:
+            raise ForbiddenError(f"{ON_BEHALF_HEADER} names the {on_behalf_of} service; the bridge submits "
+                                 f"on behalf of users only.")
         who = directory.user_principal(on_behalf_of)
+        if who.admin:
+            raise ForbiddenError(f"{ON_BEHALF_HEADER} names admin {on_behalf_of}; the bridge may not submit "
+                                 f"on behalf of an admin (admins submit with their own token).")
     elif caller.kind == "user":
         who = caller
     else:

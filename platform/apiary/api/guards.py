@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import NoReturn
 
 from fastapi import Request
 from limits import RateLimitItem, parse
@@ -206,11 +207,31 @@ class RateLimiter:
         """
         self._hit(self.submit_limit, "submit", "job submissions", key)
 
+    def check_submit(self, key: str) -> None:
+        """Raise TooManyRequestsError (``retry_after`` in seconds, >= 1) when ``key`` has no job
+        submission left, without counting one: the API checks before a submission and counts
+        with :meth:`count_submit` once it is accepted, so a refused submission (a 400 spec, a 403
+        VC, a 404 user, a 409 name) costs nothing of the budget.
+
+        Concurrent submissions of one key that all pass the check may each be accepted: the
+        budget can be overrun by at most the number of that key's submissions in flight at once
+        (one per API worker thread), never more."""
+        if not self._limiter.test(self.submit_limit, "submit", key):
+            self._refuse(self.submit_limit, "submit", "job submissions", key)
+
+    def count_submit(self, key: str) -> None:
+        """Count one accepted job submission of ``key``. Never raises: the job was accepted
+        already (a full window just stays full)."""
+        self._limiter.hit(self.submit_limit, "submit", key)
+
     def _hit(self, item: RateLimitItem, namespace: str, what: str, key: str) -> None:
         # The namespace keeps the two budgets apart even when both limits are the same string
         # (limits' storage key is the limit plus the identifiers).
         if self._limiter.hit(item, namespace, key):
             return
+        self._refuse(item, namespace, what, key)
+
+    def _refuse(self, item: RateLimitItem, namespace: str, what: str, key: str) -> NoReturn:
         reset_time = self._limiter.get_window_stats(item, namespace, key).reset_time
         # limits stamps hits with time.time(), so the wait is measured against the same clock.
         retry_after = max(1, math.ceil(reset_time - time.time()))

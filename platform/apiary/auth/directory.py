@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
@@ -22,7 +23,16 @@ from sqlalchemy.orm import Session, sessionmaker
 from apiary.auth import tokens
 from apiary.auth.principal import SERVICES, Kind, Principal
 from apiary.control.work import store_errors
-from apiary.errors import ConflictError, NotFoundError, UnauthorizedError, ValidationError
+from apiary.errors import (
+    ConflictError,
+    ConflictUserError,
+    LastAdminError,
+    NoGroupError,
+    NoTokenError,
+    NoUserError,
+    UnauthorizedError,
+    ValidationError,
+)
 from apiary.store.models import Group, GroupGrant, GroupMember, Token, User
 
 logger = logging.getLogger(__name__)
@@ -52,9 +62,33 @@ def _token_info(row: Token) -> dict:
             "created": row.created, "expires": row.expires, "revoked": row.revoked}
 
 
+def admins(s: Session, *, without_user: str | None = None, without_group: str | None = None,
+           without_member: tuple[str, str] | None = None) -> set[str]:
+    """The users who are admins (members of a group with ``admin`` set), as they would be without
+    user ``without_user``, group ``without_group`` or the membership ``(group, user)``."""
+    rows = s.execute(select(GroupMember.group, GroupMember.user)
+                     .join(Group, Group.name == GroupMember.group).where(Group.admin.is_(True)))
+    return {user for group, user in rows
+            if user != without_user and group != without_group and (group, user) != without_member}
+
+
+def _keep_an_admin(s: Session, change: str, **without: Any) -> None:
+    """Raise LastAdminError when ``change`` (described for the message) would leave no admin
+    where there is one now: with none, nobody could manage users, groups or tokens again until
+    an operator re-seeds the admin (``apiary up`` bootstrap)."""
+    now = admins(s)
+    if now and not admins(s, **without):
+        raise LastAdminError(
+            f"{change} would leave no admin (the admins now: {', '.join(sorted(now))}); nobody could then "
+            f"manage users, groups or tokens. Make another user an admin first "
+            f"(apiary group add-member <admin group> <user>).")
+
+
 class Directory:
     """Identity over ``sessions``. Thread-safe. Writes raise ValidationError (bad name),
-    NotFoundError, ConflictError (exists), UnavailableError (503: the store cannot commit)."""
+    NotFoundError (:class:`~apiary.errors.NoUserError`, ``NoGroupError``, ``NoTokenError``),
+    ConflictUserError (exists), LastAdminError (a change that would leave no admin),
+    UnavailableError (503: the store cannot commit)."""
 
     def __init__(self, sessions: sessionmaker[Session], *, clock: Callable[[], float] = time.time,
                  cache_ttl_s: float = 5.0) -> None:
@@ -122,7 +156,7 @@ class Directory:
         Raises NotFoundError for a user that does not exist."""
         with self._sessions() as s:
             if s.get(User, name) is None:
-                raise NotFoundError(f"User {name} not found.")
+                raise NoUserError(f"User {name} not found.")
             return self._user_principal(s, name, token_id="", expires=None)
 
     def _changed(self) -> None:
@@ -145,7 +179,7 @@ class Directory:
         with self._sessions() as s:
             u = s.get(User, name)
             if u is None:
-                raise NotFoundError(f"User {name} not found.")
+                raise NoUserError(f"User {name} not found.")
             return self._user_json(s, u)
 
     def create_user(self, name: str, *, groups: Iterable[str] = (), email: str | None = None,
@@ -157,10 +191,10 @@ class Directory:
             if s.get(User, name) is not None:
                 if exist_ok:
                     return self.get_user(name)
-                raise ConflictError(f"User {name} already exists.")
+                raise ConflictUserError(f"User {name} already exists.")
             for g in groups:
                 if s.get(Group, g) is None:
-                    raise NotFoundError(f"Group {g} not found.")
+                    raise NoGroupError(f"Group {g} not found.")
             s.add(User(name=name, email=email, created=self._clock()))
             s.flush()
             for g in groups:
@@ -171,10 +205,12 @@ class Directory:
         return self.get_user(name)
 
     def delete_user(self, name: str) -> None:
-        """Delete the user, their memberships, and revoke their tokens. Their jobs stay."""
+        """Delete the user, their memberships, and revoke their tokens. Their jobs stay. Raises
+        NoUserError, LastAdminError (``name`` is the last admin)."""
         with self._sessions() as s, store_errors("delete user"):
             if s.get(User, name) is None:
-                raise NotFoundError(f"User {name} not found.")
+                raise NoUserError(f"User {name} not found.")
+            _keep_an_admin(s, f"Deleting user {name}", without_user=name)
             s.execute(delete(GroupMember).where(GroupMember.user == name))
             for t in s.scalars(select(Token).where(Token.kind == "user", Token.subject == name,
                                                    Token.revoked.is_(None))):
@@ -205,7 +241,7 @@ class Directory:
         """One group as :meth:`list_groups` shows it. Raises NotFoundError."""
         found = self.list_groups(name)
         if not found:
-            raise NotFoundError(f"Group {name} not found.")
+            raise NoGroupError(f"Group {name} not found.")
         return found[0]
 
     def create_group(self, name: str, *, admin: bool = False, description: str = "",
@@ -216,7 +252,7 @@ class Directory:
             if s.get(Group, name) is not None:
                 if exist_ok:
                     return self.get_group(name)
-                raise ConflictError(f"Group {name} already exists.")
+                raise ConflictUserError(f"Group {name} already exists.")
             s.add(Group(name=name, admin=admin, description=description, created=self._clock()))
             s.flush()
             for vc in sorted(set(virtual_clusters)):
@@ -226,9 +262,12 @@ class Directory:
         return self.get_group(name)
 
     def delete_group(self, name: str) -> None:
+        """Delete the group, its memberships and grants. Raises NoGroupError, LastAdminError (an
+        admin group whose members are the last admins)."""
         with self._sessions() as s, store_errors("delete group"):
             if s.get(Group, name) is None:
-                raise NotFoundError(f"Group {name} not found.")
+                raise NoGroupError(f"Group {name} not found.")
+            _keep_an_admin(s, f"Deleting group {name}", without_group=name)
             s.execute(delete(GroupMember).where(GroupMember.group == name))
             s.execute(delete(GroupGrant).where(GroupGrant.group == name))
             s.execute(delete(Group).where(Group.name == name))
@@ -236,16 +275,18 @@ class Directory:
         self._changed()
 
     def set_member(self, group: str, user: str, member: bool = True) -> dict:
-        """Add ``user`` to ``group`` (or remove them). Idempotent."""
+        """Add ``user`` to ``group`` (or remove them). Idempotent. Raises NoGroupError,
+        NoUserError, LastAdminError (removing the last admin from the last admin group they are in)."""
         with self._sessions() as s, store_errors("group membership"):
             if s.get(Group, group) is None:
-                raise NotFoundError(f"Group {group} not found.")
+                raise NoGroupError(f"Group {group} not found.")
             if s.get(User, user) is None:
-                raise NotFoundError(f"User {user} not found.")
+                raise NoUserError(f"User {user} not found.")
             row = s.get(GroupMember, (group, user))
             if member and row is None:
                 s.add(GroupMember(group=group, user=user))
             elif not member and row is not None:
+                _keep_an_admin(s, f"Removing user {user} from group {group}", without_member=(group, user))
                 s.delete(row)
             s.commit()
         self._changed()
@@ -255,7 +296,7 @@ class Directory:
         """Grant ``group`` the use of ``virtual_cluster`` (or take it back). Idempotent."""
         with self._sessions() as s, store_errors("group grant"):
             if s.get(Group, group) is None:
-                raise NotFoundError(f"Group {group} not found.")
+                raise NoGroupError(f"Group {group} not found.")
             row = s.get(GroupGrant, (group, virtual_cluster))
             if granted and row is None:
                 s.add(GroupGrant(group=group, virtual_cluster=virtual_cluster))
@@ -279,7 +320,7 @@ class Directory:
         now = self._clock()
         with self._sessions() as s, store_errors("create token"):
             if kind == "user" and s.get(User, subject) is None:
-                raise NotFoundError(f"User {subject} not found.")
+                raise NoUserError(f"User {subject} not found.")
             row = Token(id=minted.id, digest=minted.digest, kind=kind, subject=subject, description=description,
                         created=now, expires=None if expires_in_s is None else now + expires_in_s)
             s.add(row)
@@ -305,7 +346,7 @@ class Directory:
         with self._sessions() as s:
             row = s.get(Token, token_id)
             if row is None:
-                raise NotFoundError(f"Token {token_id} not found.")
+                raise NoTokenError(f"Token {token_id} not found.")
             return _token_info(row)
 
     def revoke_token(self, token_id: str) -> dict:
@@ -313,7 +354,7 @@ class Directory:
         with self._sessions() as s, store_errors("revoke token"):
             row = s.get(Token, token_id)
             if row is None:
-                raise NotFoundError(f"Token {token_id} not found.")
+                raise NoTokenError(f"Token {token_id} not found.")
             if row.revoked is None:
                 row.revoked = self._clock()
             s.commit()

@@ -9,6 +9,11 @@ lock. This is the classic group commit of databases (PostgreSQL's ``commit_delay
 group commit); nobody waits on a timer, so a lone submission is committed at once.
 
 Not a backend: in-process only, and nothing here is durable until the batch's commit returns.
+
+Also here: the rule for flow run links that submissions and ``set_flow_runs`` share
+(:func:`flow_run_holders`, :func:`flow_run_taken`): a Prefect flow run follows one job, and
+its copies (Retry); whoever attaches a job to a run another job holds would get that run's
+state, tags and log lines, and a Cancel of it would stop both.
 """
 
 from __future__ import annotations
@@ -17,6 +22,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from apiary.errors import ConflictFlowRunError
+from apiary.store.models import Job
 
 if TYPE_CHECKING:
     from apiary.lifecycle.reducer import JobPolicy
@@ -40,6 +51,9 @@ class PendingSubmission:
     flow_run_id: str | None
     #: Raises to refuse the spec (the API's virtual-cluster grant check); called under the plane's lock.
     authorize: Callable[[JobSpec], None] | None = None
+    #: The job whose flow run this submission may share (a clone's source: Retry in the Prefect UI
+    #: re-runs a job as a copy attached to the same run); None: ``flow_run_id`` must be free.
+    shares_flow_run_of: str | None = None
     answer: dict | None = None
     error: BaseException | None = None
     done: bool = field(default=False)
@@ -78,3 +92,22 @@ class Intake:
         with self._lock:
             batch, self._queue = self._queue[:limit], self._queue[limit:]
         return batch
+
+
+def flow_run_holders(session: Session, flow_run_ids: set[str]) -> dict[str, set[str]]:
+    """Flow run id -> the ids of the jobs attached to it, for the ids in ``flow_run_ids`` that
+    some job holds (one query; none for an empty set)."""
+    if not flow_run_ids:
+        return {}
+    held: dict[str, set[str]] = {}
+    query = select(Job.flow_run_id, Job.id).where(Job.flow_run_id.in_(sorted(flow_run_ids)))
+    for run, job_id in session.execute(query):
+        held.setdefault(run, set()).add(job_id)
+    return held
+
+
+def flow_run_taken(flow_run_id: str, holders: set[str]) -> ConflictFlowRunError:
+    """The 409 for attaching a job to ``flow_run_id``, which the jobs ``holders`` are attached to.
+    Only admins and the Prefect bridge attach runs, and they may see every job: the message names it."""
+    return ConflictFlowRunError(f"Flow run {flow_run_id} is attached to job {', '.join(sorted(holders))} already; "
+                                f"a flow run follows one job and the copies Retry makes of it.")

@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from apiary import gcpolicy
 from apiary.control.config import check_cluster_config
-from apiary.control.intake import Intake, PendingSubmission
+from apiary.control.intake import Intake, PendingSubmission, flow_run_holders, flow_run_taken
 from apiary.control.nodes import HEARTBEAT_PERSIST_S, MAX_QUEUED_FAULTS, schedulable
 from apiary.control.views import iso, job_json, latest_tasks, simulated_nodes
 from apiary.control.work import NodeHealth, Work, store_errors
@@ -197,6 +197,9 @@ class ControlPlane:
         self._next_seq: int | None = None  # the next submit_seq; None: read max + 1 from the store
         self._heartbeats: dict[str, float] = {}  # node -> exact time of its last report (memory only)
         self._reported: dict[str, _Seen] = {}  # node -> what its row says (a cache of committed facts)
+        # node -> (why its agent says it cannot record runs, when it said so): memory only, every report
+        # says it again (apiary.control.health reads it for /healthz).
+        self.cannot_record: dict[str, tuple[str, float]] = {}
         self._node_lost_after_s = node_lost_after_s
         self.wake = threading.Event()  # set when a cycle is worth running now
         self.on_nodes_changed: Callable[[set[str]], None] = lambda nodes: None
@@ -216,8 +219,8 @@ class ControlPlane:
     def _spec(self, job: Job) -> JobSpec:
         spec = self._specs.get(job.id)
         if spec is None:
-            # Stored jobs were accepted under the cap of their day: never refuse one on reload.
-            spec = self._specs[job.id] = parse_job(job.spec_yaml, max_instances=2**31)
+            # Stored jobs were accepted under the cap and rules of their day: never refuse one on reload.
+            spec = self._specs[job.id] = parse_job(job.spec_yaml, max_instances=2**31, stored=True)
         return spec
 
     def _policy_of(self, job: Job) -> JobPolicy:
@@ -391,11 +394,19 @@ class ControlPlane:
         """Accept a job (OpenPAI protocol v2 YAML). Returns its JSON once committed (durable).
 
         ``authorize`` sees the parsed spec before anything is written and raises to refuse it (the
-        API checks the caller's virtual-cluster grants there). Raises ValidationError (bad
-        YAML/field, bad user, more than ``max_instances`` instances), QuotaExceededError (gang job
-        larger than its VC), ConflictError (``user~name`` exists), UnavailableError (503: the store
+        API checks the caller's virtual-cluster grants there). ``flow_run_id`` attaches the job to
+        that Prefect flow run; it must be attached to no other job (:meth:`set_flow_runs`). Raises
+        ValidationError (bad YAML/field, bad user, more than ``max_instances`` instances),
+        QuotaExceededError (gang job larger than its VC), ConflictError (``user~name`` exists),
+        ConflictFlowRunError (the flow run is another job's), UnavailableError (503: the store
         cannot commit; nothing was accepted), and whatever ``authorize`` raises.
         """
+        return self._submit(text, user, flow_run_id=flow_run_id, authorize=authorize)
+
+    def _submit(self, text: str | bytes, user: str, *, flow_run_id: str | None = None,
+                authorize: Callable[[JobSpec], None] | None = None, shares_flow_run_of: str | None = None) -> dict:
+        """:meth:`submit`; ``shares_flow_run_of`` names the job whose flow run this one may share
+        (:meth:`clone`'s source)."""
         if not USER_PATTERN.match(user or ""):
             raise ValidationError("user", f"invalid user name {user!r}: use letters, digits, '_' or '-'")
         spec = parse_job(text, max_instances=self.max_instances)
@@ -404,7 +415,7 @@ class ControlPlane:
         job_id = f"{user}~{spec.name}"
         policy = job_policy(job_id, spec)
         pending = PendingSubmission(job_id, user, spec, policy, text.decode() if isinstance(text, bytes) else text,
-                                    flow_run_id, authorize)
+                                    flow_run_id, authorize, shares_flow_run_of)
         self._intake.put(pending)
         with self._lock:
             # Group commit (apiary.control.intake): the first submitter to get the lock commits every
@@ -458,6 +469,7 @@ class ControlPlane:
             accepted: list[PendingSubmission] = []
             new: list[tuple[JobRecord, Effects, dict[str, object]]] = []
             ids: set[str] = set()
+            holders = flow_run_holders(s, {p.flow_run_id for p in batch if p.flow_run_id})
             for p in batch:
                 try:
                     # Under the lock (the scheduler's VC cells change with every allocation), and an
@@ -471,6 +483,13 @@ class ControlPlane:
                 if p.job_id in ids:  # the same name twice in one batch: the later one is refused
                     p.settle(error=self._name_taken(p))
                     continue
+                if p.flow_run_id:
+                    held = holders.setdefault(p.flow_run_id, set())
+                    # Its own id among them: the name is taken, which the insert answers.
+                    if held and p.job_id not in held and p.shares_flow_run_of not in held:
+                        p.settle(error=flow_run_taken(p.flow_run_id, held))
+                        continue
+                    held.add(p.job_id)
                 ids.add(p.job_id)
                 spec = p.spec
                 record, fx = submit(p.job_id, p.user, p.policy, now, name=spec.name,
@@ -579,20 +598,33 @@ class ControlPlane:
         return {"kept": kept, "stopped": stopped}
 
     def set_flow_run(self, job_id: str, flow_run_id: str) -> None:
-        """Record the Prefect flow run of a job. Idempotent. Raises NotFoundError."""
+        """Record the Prefect flow run of a job. Idempotent. Raises NotFoundError,
+        ConflictFlowRunError (:meth:`set_flow_runs`)."""
         if self.set_flow_runs({job_id: flow_run_id}):
             raise NotFoundError(f"Job {job_id} not found.")
 
     def set_flow_runs(self, links: Mapping[str, str]) -> list[str]:
         """Record the Prefect flow runs of several jobs (job id -> flow run id) in one transaction:
         the bridge sends each batch's new runs at once. Idempotent. Returns the job ids that name
-        no job (left out), sorted. Raises UnavailableError when the store cannot commit."""
+        no job (left out), sorted.
+
+        A flow run follows one job: a link naming a flow run that another job holds (or that
+        another link of ``links`` names) raises ConflictFlowRunError and nothing is recorded. Only
+        a clone shares its source's run (:meth:`clone`, Retry in the Prefect UI); a link never
+        moves a run between jobs. Raises UnavailableError when the store cannot commit."""
         if not links:
             return []
         # The lock: a lifecycle step writes whole job rows (apiary.store.records) under it, and
-        # must not write back a flow run id it loaded before this one.
+        # must not write back a flow run id it loaded before this one. It also orders this check
+        # against submissions' (_commit_batch), so two jobs cannot take one free run at once.
         with self._lock, self._sessions() as s, store_errors("set flow runs"):
             known = set(s.scalars(select(Job.id).where(Job.id.in_(list(links)))))
+            holders = flow_run_holders(s, {links[j] for j in known})
+            for job_id in sorted(known):
+                held = holders.setdefault(links[job_id], set())
+                if held - {job_id}:
+                    raise flow_run_taken(links[job_id], held - {job_id})
+                held.add(job_id)
             if known:
                 s.execute(update(Job), [{"id": j, "flow_run_id": links[j]} for j in sorted(known)])
             s.commit()
@@ -608,8 +640,11 @@ class ControlPlane:
               authorize: Callable[[JobSpec], None] | None = None) -> dict:
         """Submit a copy of ``job_id`` (same user, same spec, secrets included) as a new job named
         ``<name>-retry<N>`` with the smallest free N: the Retry button of a finished job's flow run.
-        A chain of retries stays flat (``x-retry1`` -> ``x-retry2``). Returns the new job's JSON;
-        raises NotFoundError and :meth:`submit`'s errors."""
+        A chain of retries stays flat (``x-retry1`` -> ``x-retry2``). ``flow_run_id`` attaches the
+        copy to that flow run: a free one, or the one ``job_id`` is attached to (Retry runs the copy
+        in the source's run, which keeps its link too; a run is shared only along a job's copies).
+        Returns the new job's JSON; raises NotFoundError and :meth:`submit`'s errors
+        (ConflictFlowRunError for a run another job holds)."""
         with self._sessions() as s:
             job = self._get_job(s, job_id)
             user, name, text = job.user, job.name, job.spec_yaml
@@ -618,7 +653,8 @@ class ControlPlane:
         n = next(i for i in range(1, len(taken) + 2) if f"{base}-retry{i}" not in taken)
         doc = yaml.safe_load(text)
         doc["name"] = f"{base}-retry{n}"
-        return self.submit(yaml.safe_dump(doc, sort_keys=False), user, flow_run_id=flow_run_id, authorize=authorize)
+        return self._submit(yaml.safe_dump(doc, sort_keys=False), user, flow_run_id=flow_run_id, authorize=authorize,
+                            shares_flow_run_of=job_id)
 
     def get_job(self, job_id: str) -> dict:
         with self._sessions() as s:
@@ -935,12 +971,16 @@ class ControlPlane:
             raise NotFoundError(f"Node {node} is not in the cluster config.")
 
     def node_report(self, node: str, *, gpus: int, simulated_gpus: bool, address: str, agent_id: str,
-                    runs: Iterable[dict], metrics_url: str | None = None, faults_applied: int | None = None) -> dict:
+                    runs: Iterable[dict], metrics_url: str | None = None, faults_applied: int | None = None,
+                    cannot_record: str | None = None) -> dict:
         """Apply an agent's heartbeat and run statuses (``TaskStatus`` dicts). Idempotent.
 
         Returns ``{"ack": [run_id]}``: runs whose final status is recorded (the agent may forget
         them). ``faults_applied``: the agent's high-water mark of applied fault ids (those faults are
-        deleted). Raises NotFoundError for a node the cluster config does not declare,
+        deleted). ``cannot_record``: why the agent cannot record runs now (it launches nothing new
+        meanwhile), None when it can; kept in memory for ``/healthz``
+        (:func:`apiary.control.health.health_problems`). Raises NotFoundError for a node the cluster
+        config does not declare,
         UnavailableError (503) when the store cannot commit (the agent resends). The node's row of a
         known healthy node whose facts did not change is written at most every
         :data:`~apiary.control.nodes.HEARTBEAT_PERSIST_S` (a bare heartbeat then touches only memory;
@@ -952,6 +992,12 @@ class ControlPlane:
         info = (gpus, simulated_gpus, address, agent_id, metrics_url)
         with self._lock:
             self._heartbeats[node] = now
+            if cannot_record:
+                if node not in self.cannot_record:
+                    logger.error("node=%s cannot record runs: %s", node, cannot_record)
+                self.cannot_record[node] = (cannot_record, now)
+            elif self.cannot_record.pop(node, None) is not None:
+                logger.warning("node=%s can record runs again", node)
             seen = self._reported.get(node)
             new_mark = faults_applied is not None and (seen is None or faults_applied != seen.faults_applied)
             # The node's row already says all this (healthy, same facts, a heartbeat written within

@@ -2,7 +2,8 @@
 (members and virtual-cluster grants), ``/api/v2/tokens``, and ``/api/v2/me`` (who am I).
 
 Users and groups are admin-only; any user creates, lists and revokes their own tokens (an admin
-anyone's, and machine tokens).
+anyone's, and machine tokens). No change may leave the platform without an admin (409
+``LastAdminError``: :class:`apiary.auth.Directory`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from apiary.api.deps import Plane
 from apiary.api.guards import plain_text
 from apiary.api.schemas import ERROR_RESPONSES, RequestBody
 from apiary.auth.bootstrap import DEFAULT_GROUP
-from apiary.errors import ForbiddenError, NotFoundError
+from apiary.errors import ForbiddenError, NoTokenError, NoVirtualClusterError
 
 router = APIRouter(prefix="/api/v2", tags=["identity"], responses=ERROR_RESPONSES,
                    dependencies=[Depends(plain_text)])
@@ -124,7 +125,7 @@ def get_user(directory: Dir, caller: Caller, name: str = PathName()) -> dict:
 
 @router.delete("/users/{name}", status_code=204, response_class=Response)
 def delete_user(directory: Dir, _caller: Admin, name: str = PathName()) -> Response:
-    """Delete a user and revoke their tokens; their jobs stay."""
+    """Delete a user and revoke their tokens; their jobs stay. 409 ``LastAdminError`` for the last admin."""
     directory.delete_user(name)
     return Response(status_code=204)
 
@@ -137,7 +138,7 @@ def list_groups(directory: Dir, _caller: Admin) -> list[dict]:
 def _known_vcs(plane: Plane, vcs: list[str]) -> None:
     unknown = sorted(set(vcs) - set(plane.cluster.virtual_clusters))
     if unknown:
-        raise NotFoundError(f"Virtual cluster {unknown[0]} not found.")
+        raise NoVirtualClusterError(f"Virtual cluster {unknown[0]} not found.")
 
 
 @router.post("/groups", status_code=201, response_model=GroupJson)
@@ -149,6 +150,8 @@ def create_group(body: GroupCreate, directory: Dir, plane: Plane, _caller: Admin
 
 @router.delete("/groups/{name}", status_code=204, response_class=Response)
 def delete_group(directory: Dir, _caller: Admin, name: str = PathName()) -> Response:
+    """Delete a group (its members stay users). 409 ``LastAdminError`` for an admin group whose
+    members are the last admins."""
     directory.delete_group(name)
     return Response(status_code=204)
 
@@ -160,6 +163,7 @@ def add_member(directory: Dir, _caller: Admin, name: str = PathName(), user: str
 
 @router.delete("/groups/{name}/members/{user}", response_model=GroupJson)
 def remove_member(directory: Dir, _caller: Admin, name: str = PathName(), user: str = PathName()) -> dict:
+    """Remove ``user`` from group ``name``. 409 ``LastAdminError`` when that leaves no admin."""
     return directory.set_member(name, user, False)
 
 
@@ -201,5 +205,5 @@ def revoke_token(directory: Dir, caller: People, token_id: str = Path(pattern=r"
     """Revoke a token (idempotent): the caller's own, or any for admins."""
     info = directory.token_info(token_id)
     if not caller.admin and not (info["kind"] == "user" and info["subject"] == caller.name):
-        raise NotFoundError(f"Token {token_id} not found.")
+        raise NoTokenError(f"Token {token_id} not found.")
     return directory.revoke_token(token_id)

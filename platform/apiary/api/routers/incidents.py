@@ -1,6 +1,8 @@
 """Incident routes (issue 14; :mod:`apiary.response`).
 
-* ``POST /api/v2/incidents``: open one by hand (any person; the opener is the caller).
+* ``POST /api/v2/incidents``: open one by hand (admins, the Alertmanager token and whoever is on
+  call now: :func:`responders`; the opener is the caller). Opening one pages people, so ordinary
+  users and the bridge may not.
 * ``GET /api/v2/incidents?state=&limit=``: newest first (admins; a user sees the incidents that
   name them or their jobs). ``GET /api/v2/incidents/{id}``: one, with its timeline, SLA deadlines
   and breaches, and its escalation.
@@ -29,13 +31,13 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse
 from pydantic import ConfigDict, Field
 
-from apiary.api.auth import Admin, AdminOrBridge, People
+from apiary.api.auth import Admin, AdminOrBridge, Caller, People
 from apiary.api.guards import plain_text
 from apiary.api.schemas import ERROR_RESPONSES, RequestBody
 from apiary.auth import Principal
 from apiary.errors import ForbiddenError, UnavailableError, ValidationError
 from apiary.incidents import Incident, Links
-from apiary.oncall import on_call, resolve_targets
+from apiary.oncall import OncallConfig, on_call, resolve_targets
 from apiary.response.service import IncidentService
 
 router = APIRouter(prefix="/api/v2", tags=["incidents"], responses=ERROR_RESPONSES)
@@ -88,9 +90,35 @@ def _visible(incident: Incident, caller: Principal) -> bool:
         or incident.timeline[0].actor == caller.name
 
 
+def responders(config: OncallConfig, at: datetime) -> set[str]:
+    """The users on call at ``at`` (aware): whoever a schedule has on call, and every user a tier
+    of an escalation policy would page (its user targets, and its schedules' on-call)."""
+    schedules = config.schedule_map()
+    users = {u for s in config.schedules if (u := on_call(s, at)) is not None}
+    for policy in config.policies:
+        for tier in policy.tiers:
+            users.update(resolve_targets(tier, schedules, at))
+    return users
+
+
+async def require_responder(caller: Caller, service: Incidents) -> Principal:
+    """Admins, the Alertmanager token, and users on call now (:func:`responders`, over the on-call
+    file ``APIARY_ONCALL``); 403 for everyone else, the bridge and agents included."""
+    if caller.admin or caller.is_alertmanager:
+        return caller
+    if caller.kind == "user" and caller.name in responders(service.config.oncall, datetime.now(UTC)):
+        return caller
+    raise ForbiddenError(f"Only admins, Alertmanager and whoever is on call may open incidents; "
+                         f"you are {caller.describe()}.")
+
+
+Responder = Annotated[Principal, Depends(require_responder)]
+
+
 @router.post("/incidents", status_code=201, dependencies=_checked)
-def open_incident(body: OpenIncident, service: Incidents, caller: People) -> dict:
-    """Open an incident by hand (``apiary incident open``); it pages the on-call like any other."""
+def open_incident(body: OpenIncident, service: Incidents, caller: Responder) -> dict:
+    """Open an incident by hand (``apiary incident open``); it pages the on-call like any other.
+    Admins, Alertmanager and whoever is on call now only."""
     users = tuple(j.split("~", 1)[0] for j in body.jobs if "~" in j)
     incident = service.open(body.title, body.severity, caller.name,
                             links=Links(nodes=tuple(body.nodes), jobs=tuple(body.jobs), users=users),

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, Response
 
-from apiary.api.auth import AdminOrBridge, People, Submitter
+from apiary.api.auth import AdminOrBridge, Caller, Dir, People, Submitter
 from apiary.api.deps import Plane
-from apiary.api.guards import plain_text
+from apiary.api.guards import RateLimiter, plain_text
 from apiary.api.schemas import (
     ERROR_RESPONSES,
     JOB_PROTOCOL_REF,
@@ -27,7 +28,7 @@ from apiary.api.schemas import (
     LogReads,
     LogTexts,
 )
-from apiary.auth import Principal
+from apiary.auth import Directory, Principal
 from apiary.control import ControlPlane
 from apiary.errors import ForbiddenError, NotFoundError, ValidationError
 from apiary.spec.job import JobSpec
@@ -66,33 +67,81 @@ def vc_check(who: Principal) -> Callable[[JobSpec], None]:
     return check
 
 
+FLOW_RUN_HEADER = "X-Apiary-Flow-Run-Id"
+
+# The parameter is named after the header (FastAPI's underscore-to-hyphen), not aliased: errors
+# name it ``x-apiary-flow-run-id`` as they always have.
+FlowRunHeader = Annotated[str | None, Header(max_length=64,
+                                             description="The Prefect flow run to attach the job to: the "
+                                                         "Prefect bridge and admins only, and a run no "
+                                                         "other job holds (409).")]
+
+
+def flow_run_link(caller: Principal, flow_run_id: str | None) -> str | None:
+    """``flow_run_id`` if ``caller`` may attach a job to a flow run (the Prefect bridge and admins,
+    as ``PUT .../flowRun``); 403 for anyone else who sends the header. Whoever attaches a job to
+    a run gets that run's state, tags and log lines, and a Cancel of it stops the job too."""
+    if flow_run_id is not None and not (caller.admin or caller.is_bridge):
+        raise ForbiddenError(f"Only the Prefect bridge and admins may attach a job to a flow run "
+                             f"({FLOW_RUN_HEADER}); you are {caller.describe()}.")
+    return flow_run_id
+
+
+def _limiter(request: Request) -> RateLimiter | None:
+    return getattr(request.app.state, "limiter", None)
+
+
 @router.post("/jobs", status_code=202, response_model=JobJson, openapi_extra=_JOB_BODY)
-async def submit(
-    request: Request,
-    plane: Plane,
-    who: Submitter,
-    x_apiary_flow_run_id: str | None = Header(default=None, max_length=64),
-) -> dict:
+async def submit(request: Request, plane: Plane, caller: Caller, who: Submitter,
+                 x_apiary_flow_run_id: FlowRunHeader = None) -> dict:
     """Accept a job for the calling user; 202 once it is durable. Only the Prefect bridge may name
-    another (existing) user, with ``X-Apiary-On-Behalf-Of``."""
+    another (existing, non-admin) user, with ``X-Apiary-On-Behalf-Of``, and only the bridge and
+    admins may attach the job to a flow run (``X-Apiary-Flow-Run-Id``). A non-admin user's
+    submission counts against their submission limit once it is accepted (a refused one costs
+    nothing)."""
+    flow_run_id = flow_run_link(caller, x_apiary_flow_run_id)
+    limiter = _limiter(request) if not who.admin else None
+    if limiter is not None:
+        limiter.check_submit(who.name)
     body = await request.body()
-    limiter = getattr(request.app.state, "limiter", None)
-    if limiter is not None and not who.admin:
-        limiter.hit_submit(who.name)
-    return await run_in_threadpool(plane.submit, body, who.name, flow_run_id=x_apiary_flow_run_id,
-                                   authorize=vc_check(who))
+    job = await run_in_threadpool(plane.submit, body, who.name, flow_run_id=flow_run_id, authorize=vc_check(who))
+    if limiter is not None:
+        limiter.count_submit(who.name)
+    return job
 
 
 @router.post("/jobs/{job_id}/clone", status_code=202, response_model=JobJson)
-async def clone(job_id: str, plane: Plane, caller: People,
-                x_apiary_flow_run_id: str | None = Header(default=None, max_length=64)) -> dict:
+async def clone(job_id: str, request: Request, plane: Plane, directory: Dir, caller: People,
+                x_apiary_flow_run_id: FlowRunHeader = None) -> dict:
     """Submit a copy of the job as ``<name>-retry<N>`` (the Retry button of its Prefect flow run);
-    ``X-Apiary-Flow-Run-Id`` attaches the copy to that flow run. 202: the new job. The job's owner,
-    admins and the bridge only; the copy still needs a VC its owner may use."""
+    ``X-Apiary-Flow-Run-Id`` (the bridge and admins only) attaches the copy to that flow run: a
+    free one or the source job's own. 202: the new job. The job's owner, admins and the bridge
+    only; the copy still needs a VC its owner may use. A copy is a submission of the job's owner:
+    it counts against their limit (not an admin's) once accepted."""
+    flow_run_id = flow_run_link(caller, x_apiary_flow_run_id)
     _owned(plane, caller, job_id, "clone")
+    # Whose budget: the owner's. A user may clone only their own jobs; the bridge acts for the
+    # owner, who may be an admin (not limited).
+    owner = None if caller.admin else caller.name if caller.kind == "user" else plane.job_owner(job_id)[0]
+    if owner is not None and caller.is_bridge and await run_in_threadpool(_is_admin, directory, owner):
+        owner = None
+    limiter = _limiter(request) if owner is not None else None
+    if limiter is not None and owner is not None:
+        limiter.check_submit(owner)
     # An owner's copy needs a VC they may still use; admins and the bridge act for the owner.
     check = vc_check(caller) if caller.kind == "user" and not caller.admin else None
-    return await run_in_threadpool(plane.clone, job_id, flow_run_id=x_apiary_flow_run_id, authorize=check)
+    job = await run_in_threadpool(plane.clone, job_id, flow_run_id=flow_run_id, authorize=check)
+    if limiter is not None and owner is not None:
+        limiter.count_submit(owner)
+    return job
+
+
+def _is_admin(directory: Directory, user: str) -> bool:
+    """Whether ``user`` is an admin now (False for a user deleted since: their jobs stay)."""
+    try:
+        return directory.user_principal(user).admin
+    except NotFoundError:
+        return False
 
 
 @router.get("/jobs", response_model=list[JobJson])
@@ -126,7 +175,8 @@ def execution_type(job_id: str, body: ExecutionType, plane: Plane, caller: Peopl
 
 @router.put("/jobs/{job_id}/flowRun", status_code=204, response_class=Response)
 def flow_run(job_id: str, body: FlowRunRef, plane: Plane, _caller: AdminOrBridge) -> Response:
-    """Record the Prefect flow run the job is mirrored into (the bridge calls it)."""
+    """Record the Prefect flow run the job is mirrored into (the bridge calls it); 409 for a run
+    another job holds."""
     plane.set_flow_run(job_id, body.id)
     return Response(status_code=204)
 
@@ -134,7 +184,8 @@ def flow_run(job_id: str, body: FlowRunRef, plane: Plane, _caller: AdminOrBridge
 @router.put("/flowRuns", response_model=FlowRunsRecorded)
 def flow_runs(body: FlowRunLinks, plane: Plane, _caller: AdminOrBridge) -> dict:
     """Record the Prefect flow runs of several jobs in one transaction (the bridge, once per batch
-    of new flow runs). Idempotent. Unknown job ids are left out and named in ``unknown``."""
+    of new flow runs). Idempotent. Unknown job ids are left out and named in ``unknown``; a run
+    another job holds (or two links naming one run) is a 409 and nothing is recorded."""
     links = {link.jobId: link.flowRunId for link in body.links}
     unknown = plane.set_flow_runs(links)
     return {"recorded": len(links) - len(unknown), "unknown": unknown}
