@@ -1,4 +1,5 @@
-"""ProcessBackend: launch, logs, env, idempotency, stop, re-adoption, lost runs (isolation, full disks and\ncrashes mid-launch: test_process_isolation.py)."""
+"""ProcessBackend: launch, logs, env, idempotency, stop, re-adoption, lost runs (isolation, full disks and
+crashes mid-launch: test_process_isolation.py)."""
 
 from __future__ import annotations
 

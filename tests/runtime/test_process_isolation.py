@@ -370,3 +370,15 @@ def test_an_agent_killed_while_recording_the_spawn_leaves_a_run_with_its_start(
     # Before, this read "exited 0" with no start time, and the control plane refused it.
     assert st is not None and st.started_at is not None, st
     assert_recovers_exactly_once(state, backends)
+
+
+def test_exec_prefix_runs_a_command_as_the_tasks_uid(tmp_path: Path, backends: list[ProcessBackend]) -> None:
+    b = ProcessBackend(tmp_path / "state")
+    backends.append(b)
+    b.launch(task("probed", "id -u", "sleep 30"))
+    until(lambda: b.log_path("probed", "stdout").read_text(), "the task's uid")  # type: ignore[union-attr]
+    uid = b.log_path("probed", "stdout").read_text().strip()  # type: ignore[union-attr]
+    probe = subprocess.run([*b.exec_prefix("probed"), "id", "-u"], capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == uid != "0"
+    with pytest.raises(PlatformError):
+        b.exec_prefix("never-launched")

@@ -119,7 +119,9 @@ class RuntimeBackend(ABC):
 
         Idempotent: if ``task.run_id`` was ever launched on this backend -- even by an earlier
         agent process on the same state -- return that run's current status and never start it
-        again (a run that was never spawned reads back as lost). Safe to retry after a timeout.
+        again. A launch that failed, or whose agent died before the task started, either leaves
+        nothing (a retry launches it, once: the process backend) or a record that reads back as
+        lost. Safe to retry after a timeout.
 
         Raises :class:`apiary.errors.ValidationError` for a malformed ``run_id`` and
         :class:`apiary.errors.PlatformError` if the task cannot be started (no ``bash``, a
@@ -138,7 +140,9 @@ class RuntimeBackend(ABC):
 
     @abstractmethod
     def status(self, run_id: str) -> TaskStatus | None:
-        """The run's current status, or ``None`` if this backend never launched ``run_id``.
+        """The run's current status, or ``None`` if this backend never launched ``run_id`` (or
+        its launch died before the task started; a ``launch`` then starts it). A run that
+        started always has its ``started_at``.
 
         Reads state only; never raises for an unknown or malformed ``run_id``. Should return ASAP.
         """

@@ -575,6 +575,24 @@ class ProcessBackend(RuntimeBackend):
                     out.append(st)
             return out
 
+    def exec_prefix(self, run_id: str) -> list[str]:
+        """The argv prefix that runs a command as ``run_id``'s task does (its uid, no groups, no
+        privileges), for commands the job defines but the agent starts, such as exec probes:
+        ``[*prefix, "sh", "-c", ...]``. ``[]`` when tasks run as the agent's user. Raises
+        :class:`PlatformError` for an unknown run or one whose uid is not recorded, never
+        answering with a prefix that would leave the command running as root."""
+        run_dir = self._run_dir(run_id)
+        launched = _read_json(run_dir / "launch.json") if run_dir is not None else None
+        if launched is None:
+            raise PlatformError(f"no launch record for {run_id}: cannot tell which uid runs its commands")
+        if not self.isolated():
+            return []
+        uid = launched.get("task_uid")
+        setpriv = shutil.which("setpriv", path=_DEFAULT_PATH)
+        if not isinstance(uid, int) or isinstance(uid, bool) or uid <= 0 or setpriv is None:
+            raise PlatformError(f"{run_id} has no task uid recorded (or setpriv is missing): refusing to run as root")
+        return TaskIdentity(uid=uid, lease=self.uids.root / str(uid)).drop_argv(setpriv)
+
     def log_path(self, run_id: str, stream: LogStream) -> Path | None:
         """``state_dir/<run_id>/stdout.log`` or ``stderr.log``; ``None`` for an unknown run.
 
