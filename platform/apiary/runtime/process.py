@@ -74,6 +74,7 @@ One ``ProcessBackend`` per ``state_dir`` at a time (one agent per node); it is t
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import os
@@ -575,7 +576,7 @@ class ProcessBackend(RuntimeBackend):
                     out.append(st)
             return out
 
-    def exec_prefix(self, run_id: str) -> list[str]:
+    def exec_prefix(self, run_id: str) -> builtins.list[str]:
         """The argv prefix that runs a command as ``run_id``'s task does (its uid, no groups, no
         privileges), for commands the job defines but the agent starts, such as exec probes:
         ``[*prefix, "sh", "-c", ...]``. ``[]`` when tasks run as the agent's user. Raises
