@@ -46,6 +46,7 @@ from apiary.ci.intake import WebhookIntake
 from apiary.ci.records import CiRecords
 from apiary.ci.starter import PrefectStarter
 from apiary.control import ControlPlane
+from apiary.control.health import HealthCheck
 from apiary.drills.board import DrillBoard
 from apiary.errors import ApiaryError, NotFoundError, PlatformError, UnauthorizedError, UserError, ValidationError
 from apiary.monitoring.ci_metrics import CiCollector
@@ -164,10 +165,19 @@ def create_app(
             directory.authenticate(bearer(request))
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/healthz", response_model=Health)
-    def healthz() -> dict:
-        """Liveness: the serving process, when it started, and which platform it is."""
-        return {"status": "ok", "pid": os.getpid(), "startedAt": started, "clusterId": cluster_id}
+    health = HealthCheck(plane)
+
+    @app.get("/healthz", response_model=Health, responses={503: {"description": "Unhealthy: `reason` says why."}})
+    def healthz() -> Any:
+        """The serving process, when it started, and which platform it is; 503 with ``reason`` (and
+        ``problems``) when the store cannot take a write or a node's agent says it cannot record its
+        runs (:mod:`apiary.control.health`)."""
+        body = {"status": "ok", "pid": os.getpid(), "startedAt": started, "clusterId": cluster_id}
+        problems = health.problems()
+        if problems:
+            return JSONResponse({**body, "status": "unhealthy", "reason": "; ".join(problems), "problems": problems},
+                                status_code=503)
+        return body
 
     for router in routers.ALL:
         app.include_router(router)

@@ -1,0 +1,115 @@
+"""What the control plane's ``GET /healthz`` checks besides "the process serves".
+
+* The store takes a write: a small write in a transaction that is rolled back (an ``UPDATE`` that
+  matches no row still takes the write lock: a read-only SQLite file, a read-only PostgreSQL
+  transaction or server fail it), and for SQLite a file of :data:`PROBE_BYTES` written and removed
+  in the database's directory (a full disk fails it; SQLite's WAL grows there). Probed at most every
+  :data:`STORE_PROBE_S` seconds.
+* No node's agent says it cannot record its runs (``cannotRecord`` in its reports: its state
+  directory is not writable or its disk is full; it launches nothing new meanwhile). A node silent
+  for longer than the plane's lost-node grace no longer counts here (``apiary node list`` shows it
+  lost).
+
+Either problem makes ``/healthz`` answer 503 with the reasons. A full PostgreSQL disk is not probed
+(the server refuses commits; a rolled-back write does not reach its disk).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
+if TYPE_CHECKING:
+    from apiary.control.plane import ControlPlane
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a store probe's answer is reused: ``/healthz`` may be polled often, by many.
+STORE_PROBE_S = 5.0
+#: Bytes the SQLite probe writes beside the database: a few pages of WAL, so a disk that cannot take
+#: the next commit fails it.
+PROBE_BYTES = 64 * 1024
+#: The write probe: takes the store's write lock, changes nothing, and is rolled back.
+_WRITE_PROBE = text("UPDATE nodes SET name = name WHERE 1 = 0")
+
+
+def store_write_problem(sessions: Callable[[], Session]) -> str | None:
+    """Why the store behind ``sessions`` cannot take a write now, or None when it can (see the module
+    docstring for the probes). Never raises."""
+    try:
+        with sessions() as s:
+            try:
+                s.execute(_WRITE_PROBE)
+                bind = s.get_bind()
+            finally:
+                s.rollback()
+    except SQLAlchemyError as e:
+        orig = getattr(e, "orig", None)
+        return f"the store cannot write: {str(orig if orig is not None else e).splitlines()[0]}"
+    except Exception as e:  # a probe must answer, whatever breaks
+        return f"the store cannot write: {type(e).__name__}: {e}"
+    if bind.dialect.name != "sqlite":
+        return None
+    database = bind.url.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    directory = Path(database).absolute().parent
+    probe = directory / f".apiary-healthz-{os.getpid()}-{threading.get_ident()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, b"\0" * PROBE_BYTES)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        return f"the store cannot write: {directory}: {e.strerror or e}"
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
+    return None
+
+
+def agent_problems(plane: ControlPlane) -> list[str]:
+    """``"node N cannot record runs: why"`` for every node whose agent said so in its latest report,
+    the node reporting within the plane's lost-node grace; by node name."""
+    now = plane._clock()
+    grace = plane._node_lost_after_s
+    return [f"node {node} cannot record runs: {why}"
+            for node, (why, at) in sorted(dict(plane.cannot_record).items()) if now - at <= grace]
+
+
+class HealthCheck:
+    """The control plane's health for ``/healthz``: :meth:`problems` is empty when it is healthy.
+    Thread-safe; the store probe's answer is reused for :data:`STORE_PROBE_S` seconds."""
+
+    def __init__(self, plane: ControlPlane, *, probe_s: float | None = None) -> None:
+        self.plane = plane
+        self.probe_s = STORE_PROBE_S if probe_s is None else probe_s
+        self._lock = threading.Lock()
+        self._probed = float("-inf")
+        self._store: str | None = None
+
+    def problems(self) -> list[str]:
+        """Every reason the control plane is unhealthy now (the store's first, then the agents')."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._probed >= self.probe_s:
+                problem = store_write_problem(self.plane.sessions)
+                if problem != self._store:
+                    (logger.error if problem else logger.warning)(
+                        "healthz: %s", problem or "the store takes writes again")
+                self._store, self._probed = problem, now
+            store = self._store
+        return ([store] if store else []) + agent_problems(self.plane)
