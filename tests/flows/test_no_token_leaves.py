@@ -17,6 +17,7 @@ import asyncio
 import importlib
 import importlib.util
 import json
+import os
 import secrets
 import threading
 from collections.abc import Iterator
@@ -249,3 +250,34 @@ def test_no_served_deployment_takes_a_url_or_sends_a_token_to_one(prefect_api, w
     # The admin's token went where it belongs: the platform's configured URL.
     assert any(r["headers"].get("authorization") == f"Bearer {tokens['admin']}" for r in platform.requests)
     assert any(r["headers"].get("authorization") == f"Bearer {tokens['bridge']}" for r in platform.requests)
+
+
+async def _run_logs(flow_run_id: Any) -> list[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    async with get_client() as client:
+        logs = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    return [log.message for log in logs]
+
+
+def test_the_what_if_replay_shows_no_file_it_was_pointed_at(prefect_api, world, tmp_path: Path) -> None:
+    """Its paths are the serving host's: a token file is refused (inside APIARY_HOME), and a file
+    elsewhere that is not a trace fails the run without its content in the state or the logs."""
+    from prefect.logging.handlers import APILogWorker
+
+    (wi,) = [d for d in served_deployments() if d.flow_name == "what-if-replay"]
+    fl = flow_of(wi)
+    home = Path(os.environ["APIARY_HOME"])
+    elsewhere = tmp_path / "not-a-trace"
+    elsewhere.write_text("root:$6$hash-that-must-not-show:19000:0:99999:7:::\n")
+    cases = {"token": (str(home / "token"), world["tokens"]["admin"]),
+             "credentials": (str(home / "credentials" / "bridge.token"), world["tokens"]["bridge"]),
+             "elsewhere": (str(elsewhere), "hash-that-must-not-show")}
+    for name, (path, secret) in cases.items():
+        state = run_flow(fl, {"trace": path})
+        assert getattr(state, "is_failed", lambda: False)(), (name, state)
+        assert secret not in (state.message or ""), (name, state.message)
+        APILogWorker.drain_all(timeout=5)
+        logs = asyncio.run(_run_logs(state.state_details.flow_run_id))
+        assert logs and not [m for m in logs if secret in m], (name, logs)
