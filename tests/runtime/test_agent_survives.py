@@ -122,6 +122,7 @@ def run_agent(agent: NodeAgent, scenario: Callable[[], object]) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.e2e  # real task processes
 def test_an_agent_survives_launch_errors_and_still_applies_a_stop(tmp_path: Path, caplog) -> None:
     """A backend's ValueError, a launch with a field TaskLaunch does not know (TypeError) and a run
     id with a newline (the backend's ValidationError) each fail their own run with EXIT_LAUNCH_FAILED;
@@ -150,6 +151,7 @@ def test_an_agent_survives_launch_errors_and_still_applies_a_stop(tmp_path: Path
     assert not any(SECRET in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.e2e  # real task processes
 def test_the_watcher_outlives_an_answer_it_cannot_apply(tmp_path: Path, monkeypatch) -> None:
     """An assignments answer that makes applying it raise (a malformed fault, no ``assignments``)
     is logged and polled again; the watcher does not end while the heartbeats go on."""
@@ -170,6 +172,7 @@ def test_the_watcher_outlives_an_answer_it_cannot_apply(tmp_path: Path, monkeypa
     run_agent(agent, scenario)
 
 
+@pytest.mark.e2e  # real task processes
 def test_an_agent_that_cannot_record_launches_nothing_and_says_so(tmp_path: Path) -> None:
     """Its state directory unusable (here a file where the directory was: refused even to root), the
     agent leaves a new run unlaunched (not failed: nothing of it ran), reports ``cannotRecord`` and

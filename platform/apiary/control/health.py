@@ -59,7 +59,7 @@ def store_write_problem(sessions: Callable[[], Session]) -> str | None:
         return f"the store cannot write: {type(e).__name__}: {e}"
     if bind.dialect.name != "sqlite":
         return None
-    database = bind.url.database
+    database = bind.engine.url.database
     if not database or database == ":memory:" or database.startswith("file:"):
         return None
     directory = Path(database).absolute().parent
