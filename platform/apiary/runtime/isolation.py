@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import random
 import shutil
 import signal
 import stat
@@ -60,6 +61,7 @@ from apiary.runtime.records import read_slot, write_atomic
 
 _LEASE_MODE = 0o711
 _KILL_WAIT_S = 2.0
+_SWEEP = 16  # stale leases reclaimed at most per acquire
 # One lock for every pool in this process (agents of several nodes share one process); the
 # flock on scratch_root/.lock covers agents in other processes.
 _ALLOC_LOCK = threading.Lock()
@@ -223,6 +225,7 @@ class UidPool:
         self._ensure_root()
         with _ALLOC_LOCK, open(self.root / ".lock", "a") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            self._sweep()
             count = self.last - self.first + 1
             start = self._next_hint()
             in_use = _uids_in_use()
@@ -314,6 +317,18 @@ class UidPool:
         kill_uid(uid)
         shutil.rmtree(lease, ignore_errors=True)
         return not lease.exists()
+
+    def _sweep(self, most: int = _SWEEP) -> None:
+        """Reclaim up to ``most`` stale leases (:meth:`_reclaim_stale`): runs whose agent ended
+        before it read their exit, or whose records were deleted, would otherwise keep theirs."""
+        try:
+            leases = [int(p.name) for p in self.root.iterdir() if p.name.isdigit()]
+        except OSError:
+            return
+        random.shuffle(leases)  # live leases first in the listing must not hide stale ones forever
+        for uid in leases[:most]:
+            if self.first <= uid <= self.last:
+                self._reclaim_stale(uid)
 
     def _next_hint(self) -> int:
         try:
