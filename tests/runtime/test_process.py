@@ -74,6 +74,14 @@ def state_dir(tmp_path: Path) -> Path:
     return tmp_path / "state"
 
 
+@pytest.fixture(autouse=True)
+def _unisolated_when_not_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    # These tests are about tracking runs; as a non-root user the backend cannot switch uids and
+    # would refuse every launch (isolation itself: test_process_isolation.py, run as root).
+    if os.geteuid() != 0:
+        monkeypatch.setenv("APIARY_ALLOW_UNISOLATED_TASKS", "1")
+
+
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
     """A directory every task uid may write (tasks do not run as the test's user)."""
