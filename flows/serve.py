@@ -26,7 +26,9 @@ goes (a run with such a parameter is refused), and each acts with only what it n
   and their parameters can only narrow what they do (flows/drills.py, flows/runbooks.py): a drill
   as its schedule runs it or less; a runbook only for an open incident that names the node;
 * ``what-if-replay/whatif`` calls no API;
-* ``platform-ci/pr`` and ``platform-deploy/main`` take the webhook's pipeline request (flows/ci.py).
+* ``platform-ci/pr`` and ``platform-deploy/main`` take the webhook's pipeline request (flows/ci.py)
+  and send no token to its URLs; they clone ``APIARY_CI_REPO_URL`` when it is set, else the
+  request's ``clone_url``, whose tests then run on this host.
 """
 
 from __future__ import annotations
