@@ -11,6 +11,10 @@ would), so a ``kill -9`` of any of them is survived:
 
 Prefect is off the launch path: jobs are accepted, scheduled and run with the three Prefect
 children dead; the bridge catches the UI up when they return.
+
+The home holds the jobs' secrets (the store, task logs, launch records): it is made 0700 (also an
+existing one), and every child runs with umask 077, so what the platform writes there is 0600
+(directories 0700) (:mod:`apiary.procutil`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,7 +37,15 @@ from apiary.client import ApiaryClient
 from apiary.control.config import check_cluster_config
 from apiary.errors import PlatformError, PortInUseError, UnavailableError
 from apiary.images.daemons import Registry
-from apiary.procutil import die_with_parent, port_in_use
+from apiary.procutil import (
+    PRIVATE_UMASK,
+    die_with_parent,
+    open_private,
+    port_in_use,
+    private_dir,
+    private_umask,
+    write_private,
+)
 from apiary.settings import ensure_cluster_id
 from apiary.tracking.prefect_server import (
     PrefectServer,
@@ -54,7 +65,8 @@ FLOWS_DIR = REPO_ROOT / "flows"
 
 @dataclass
 class Child:
-    """A supervised subprocess; output goes to ``log_path``."""
+    """A supervised subprocess with umask 077 (:data:`~apiary.procutil.PRIVATE_UMASK`); output goes
+    to ``log_path`` (0600, its directory 0700)."""
 
     name: str
     argv: list[str]
@@ -66,11 +78,12 @@ class Child:
     started_at: float = 0.0
 
     def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
+        private_dir(self.log_path.parent)
+        with open_private(self.log_path) as log:
             self.proc = subprocess.Popen(
                 self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
+                umask=PRIVATE_UMASK,
             )
         self.started_at = time.monotonic()
 
@@ -166,7 +179,14 @@ class Embedded:
         """Start every child and wait until the API answers. Raises ValidationError for a bad
         cluster config and PortInUseError for a taken ``api_port`` (both before anything starts or
         is written), and PlatformError/UnavailableError if a child cannot start or the API that
-        answers is not this home's (its ``clusterId``, :func:`~apiary.settings.ensure_cluster_id`)."""
+        answers is not this home's (its ``clusterId``, :func:`~apiary.settings.ensure_cluster_id`).
+
+        The home is made 0700 and what this process writes in it 0600 (umask 077 while it starts,
+        the caller's umask again after)."""
+        with private_umask():
+            self._start()
+
+    def _start(self) -> None:
         target = self.home / "cluster.yaml"
         source = Path(self.cluster) if self.cluster is not None else target
         if self.cluster is None and not target.exists():
@@ -178,12 +198,12 @@ class Embedded:
         # plane would fail to bind while the first one answered its health checks.
         if self.api_port and port_in_use(self.api_port):
             raise PortInUseError(self.api_port)
-        self.home.mkdir(parents=True, exist_ok=True)
+        private_dir(self.home)
         cluster_id = ensure_cluster_id(self.home)
         run = self.home / "run"
-        run.mkdir(exist_ok=True)
+        private_dir(run)
         if self.cluster is not None and (not target.exists() or source.resolve() != target):
-            shutil.copyfile(source, target)
+            write_private(target, source.read_bytes())
         self.api_port = self.api_port or self._port()
         logs = self.home / "logs"
         base = self._base_env()
@@ -206,7 +226,7 @@ class Embedded:
         if answered != cluster_id:
             raise PlatformError(f"{self.api_url} answers as cluster {answered}, not this platform's {cluster_id} "
                                 f"(another platform took port {self.api_port}?)")
-        (run / "api_url").write_text(self.api_url)
+        write_private(run / "api_url", self.api_url)
         # Every node agent serves /metrics on a port fixed here, so a restarted agent keeps its
         # Prometheus target.
         nodes = [n["name"] for n in self.client().nodes()]
@@ -226,11 +246,11 @@ class Embedded:
             self._start_monitoring(base, logs)
         if self.prefect:
             self._start_prefect(base, logs)
-        (run / "urls.json").write_text(json.dumps({
+        write_private(run / "urls.json", json.dumps({
             "api": self.api_url, "ui": self.ui_url, "prometheus": self.prometheus_url,
             "alertmanager": self.alertmanager_url, "registry": self.registry.url if self.registry else None,
         }))
-        (run / "supervisor.pid").write_text(str(os.getpid()))
+        write_private(run / "supervisor.pid", str(os.getpid()))
 
     def _start_docker(self, base: dict[str, str], logs: Path) -> list[str]:
         """dockerd (unless it answers), the registry (a supervised child, storage in
@@ -243,14 +263,14 @@ class Embedded:
         port_file = self.home / "run" / "registry-port"
         kept = int(port_file.read_text()) if port_file.exists() else 0
         port = kept if kept and not port_in_use(kept) else self._port()
-        port_file.write_text(str(port))
+        write_private(port_file, str(port))
         self.registry = Registry(self.home / "registry", port)
         self.children["registry"] = Child("registry", self.registry.argv(), base, logs / "registry.log")
         self.children["registry"].start()
         self.registry.wait()
         map_path = self.home / "image-map.yaml"
         if not map_path.exists():
-            map_path.write_text(imagemap.default_text())
+            write_private(map_path, imagemap.default_text())
         imagemap.load(map_path, self.registry.address)  # a broken map fails here, not in the agent
         return ["--image-map", str(map_path), "--registry", self.registry.address]
 

@@ -1,13 +1,82 @@
-"""Process helpers shared by the supervisor and the Prefect server starter."""
+"""Process helpers shared by the supervisor and the Prefect server starter, and the modes of
+what the platform writes.
+
+The platform's state (``APIARY_HOME``: the store and its WAL, task logs, the agents' launch
+records, credentials, Prefect's database) holds the jobs' ``secrets``, so it is kept to the user
+the platform runs as: the home and every directory in it are 0700, every file 0600. The
+platform's processes run with :data:`PRIVATE_UMASK` (set at their entry points and passed to every
+child they start), which gives that to whatever they or the tools they run (SQLite, Prefect,
+Prometheus) create; :func:`private_dir` and :func:`open_private` give it explicitly where a file
+is written by a process whose umask is not the platform's (a test or ``apiary demo`` running the
+embedded platform in process).
+"""
 
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import socket
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Literal
 
 _PR_SET_PDEATHSIG = 1
+
+#: The umask of the platform's processes: files 0600, directories 0700 (group and other get nothing).
+PRIVATE_UMASK = 0o077
+
+
+def use_private_umask() -> int:
+    """Set this process's umask to :data:`PRIVATE_UMASK` for good (an entry point of one of the
+    platform's processes: ``apiary up``, ``apiary control-plane``, ``apiary agent``, ``apiary
+    prefect-bridge``); returns the previous umask. Inherited by every process it starts."""
+    return os.umask(PRIVATE_UMASK)
+
+
+@contextmanager
+def private_umask() -> Iterator[None]:
+    """:data:`PRIVATE_UMASK` while the block runs, the previous umask after it. The umask is the
+    process's, not the thread's: for an embedded platform started inside another program (a test,
+    ``apiary demo``), whose own files keep that program's umask."""
+    old = os.umask(PRIVATE_UMASK)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and missing parents, each 0700) if needed and make it 0700, also when it
+    existed with a wider mode; returns ``path``. Raises OSError as ``mkdir``/``chmod`` do."""
+    path = Path(path)
+    if not path.is_dir():
+        missing = [p for p in (path, *path.parents) if not p.exists()]
+        for p in reversed(missing):
+            p.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def open_private(path: Path, mode: Literal["ab", "wb"] = "ab") -> IO[bytes]:
+    """Open ``path`` for appending (``ab``) or writing (``wb``), created 0600 whatever the umask;
+    an existing file is made 0600 too. Its directory must exist."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "ab" else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        return os.fdopen(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write_private(path: Path, data: str | bytes) -> None:
+    """Write ``data`` (text as UTF-8) to ``path``, replacing it, readable by its owner only (0600)."""
+    with open_private(path, "wb") as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
 
 
 def die_with_parent() -> None:

@@ -33,8 +33,9 @@ DEFAULT_GROUP = "default"
 
 
 def write_secret(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` readable by its owner only (0600, also when it existed)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``text`` to ``path`` readable by its owner only (0600, also when it existed); a
+    directory it creates is 0700."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text + "\n")

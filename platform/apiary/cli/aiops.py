@@ -19,6 +19,7 @@ import typer
 
 from apiary.cli.ci import api_client, fail
 from apiary.errors import ApiaryError, UnavailableError
+from apiary.procutil import write_private
 
 aiops_app = typer.Typer(no_args_is_help=True, help="AIOps: failure prediction and anomaly detection.")
 
@@ -37,8 +38,8 @@ def train_command(runs: int = typer.Option(24, "--runs", min=2, max=500, help="T
 
     model = train([generate_run(seed) for seed in range(runs)])
     path = out or _default_model()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(pickle.dumps(model))
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    write_private(path, pickle.dumps(model))  # loading a pickle runs code: only its owner may write it
     print(path)
 
 

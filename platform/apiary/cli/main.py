@@ -30,6 +30,7 @@ from apiary.cli.rollout import add_rollout_commands
 from apiary.cli.sim import sim_app
 from apiary.cli.tables import print_rows
 from apiary.errors import ApiaryError, PortInUseError
+from apiary.procutil import use_private_umask
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Apiary: multi-tenant GPU cluster platform.")
 job_app = typer.Typer(no_args_is_help=True, help="Submit and watch jobs (OpenPAI job protocol v2).")
@@ -119,6 +120,7 @@ def up(
     """Start the embedded platform and keep it up until Ctrl-C."""
     from apiary.embedded import Embedded
 
+    use_private_umask()  # the home holds the jobs' secrets: 0700, its files 0600
     _logging()
     settings = _settings()
     if cluster is None and not settings.cluster_path.exists():
@@ -163,6 +165,7 @@ def control_plane(port: int = typer.Option(8470), host: str = typer.Option("127.
     """Run the control-plane process (started by apiary up)."""
     from apiary.control.server import serve
 
+    use_private_umask()  # the store, its WAL and the task logs hold the jobs' secrets
     _logging()
     serve(_settings(), host=host, port=port)
 
@@ -194,6 +197,7 @@ def agent(
     from apiary.auth.bootstrap import read_token
     from apiary.runtime.agent import run_agents
 
+    use_private_umask()  # launch records, scripts and task output hold the jobs' secrets
     _logging()
     creds = (credentials or _settings().credentials_dir).expanduser()
     tokens = {p.name[len("agent-"):-len(".token")]: read_token(p) or "" for p in creds.glob("agent-*.token")}
@@ -245,6 +249,7 @@ def prefect_bridge(
     """Mirror Apiary's jobs into Prefect flow runs (started by apiary up)."""
     from apiary.tracking.bridge import run_bridge
 
+    use_private_umask()
     _logging()
     asyncio.run(run_bridge(api, prefect_api, state, concurrency=concurrency))
 

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from apiary.errors import PlatformError, UnavailableError
+from apiary.procutil import PRIVATE_UMASK, open_private, private_dir, write_private
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,8 @@ def docker_client(timeout: int = 120) -> Any:
 
 def ensure_dockerd(log_path: Path, timeout_s: float = 60.0) -> subprocess.Popen[bytes] | None:
     """Return at once if dockerd answers; else start it (output to ``log_path``) and wait until it
-    answers. Returns the process started, or ``None`` if one was already running (it is left
+    answers (``log_path`` is 0600; dockerd keeps its own umask, its files are not the home's).
+    Returns the process started, or ``None`` if one was already running (it is left
     alone). Raises :class:`PlatformError` when ``dockerd`` is not installed or exits, and
     :class:`UnavailableError` when it does not answer within ``timeout_s`` seconds."""
     try:
@@ -55,8 +57,8 @@ def ensure_dockerd(log_path: Path, timeout_s: float = 60.0) -> subprocess.Popen[
     binary = shutil.which("dockerd") or ("/usr/sbin/dockerd" if os.path.exists("/usr/sbin/dockerd") else None)
     if binary is None:
         raise PlatformError("dockerd is not installed (apt-get install docker.io)")
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
+    private_dir(log_path.parent)
+    with open_private(log_path) as log:
         proc = subprocess.Popen([binary, *DOCKERD_FLAGS], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + timeout_s
@@ -88,7 +90,8 @@ http:
 
 @dataclass
 class Registry:
-    """A ``docker-registry`` on ``127.0.0.1:port`` storing under ``root``.
+    """A ``docker-registry`` on ``127.0.0.1:port`` storing under ``root`` (0700; the registry runs
+    with umask 077).
 
     :meth:`start` (blocks until ``/v2/`` answers, at most ``timeout_s``), :meth:`stop`;
     :attr:`address` is the ``host:port`` image names start with."""
@@ -110,16 +113,16 @@ class Registry:
         binary = shutil.which("docker-registry") or "/usr/bin/docker-registry"
         if not os.path.exists(binary):
             raise PlatformError("docker-registry is not installed (apt-get install docker-registry)")
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
         config = self.root / "config.yml"
-        config.write_text(REGISTRY_CONFIG.format(root=self.root / "data", port=self.port))
+        write_private(config, REGISTRY_CONFIG.format(root=self.root / "data", port=self.port))
         return [binary, "serve", str(config)]
 
     def start(self, log_path: Path, timeout_s: float = 30.0) -> Registry:
         argv = self.argv()
-        with log_path.open("ab") as log:
+        with open_private(log_path) as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+                                         start_new_session=True, umask=PRIVATE_UMASK)
         self.wait(timeout_s, log_path)
         return self
 

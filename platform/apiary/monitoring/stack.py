@@ -4,7 +4,8 @@ Debian's binaries on loopback.
 The configs in ``deploy/prometheus`` and ``deploy/alertmanager`` are used as shipped; only the
 values their ``# apiary:`` comments mark are changed (ports, addresses, intervals, file paths):
 see ``deploy/prometheus/README.md``. Node targets go to a file_sd JSON file that Prometheus
-re-reads, so node agents can come and go.
+re-reads, so node agents can come and go. What is written here is 0600 in 0700 directories, as
+everything in the platform's home (:mod:`apiary.procutil`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from apiary.procutil import private_dir, write_private
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 
@@ -41,7 +44,7 @@ def write_targets(path: Path, metrics_urls: dict[str, str]) -> None:
         hostport = url.split("://", 1)[-1].split("/", 1)[0]
         items.append({"targets": [hostport], "labels": {"node": node}})
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(items, indent=2))
+    write_private(tmp, json.dumps(items, indent=2))
     tmp.replace(path)
 
 
@@ -54,7 +57,7 @@ def render_prometheus(out_dir: Path, *, control_plane: str, alertmanager: str, i
     cfg["rule_files"] = [str((src / f).resolve()) for f in cfg["rule_files"]]
     cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [alertmanager]
     targets = out_dir / "targets" / "nodes.json"
-    targets.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(targets.parent)
     if not targets.exists():
         write_targets(targets, {})
     for job in cfg["scrape_configs"]:
@@ -64,7 +67,7 @@ def render_prometheus(out_dir: Path, *, control_plane: str, alertmanager: str, i
             job["file_sd_configs"][0]["files"] = [str(targets)]
             job["file_sd_configs"][0]["refresh_interval"] = f"{max(interval_s, 1):g}s"
     out = out_dir / "prometheus.yml"
-    out.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    write_private(out, yaml.safe_dump(cfg, sort_keys=False))
     return out
 
 
@@ -80,9 +83,9 @@ def render_alertmanager(out_dir: Path, *, webhook_url: str, smtp_smarthost: str,
             hook["url"] = webhook_url
             hook.setdefault("http_config", {}).setdefault("authorization", {"type": "Bearer"})
             hook["http_config"]["authorization"]["credentials_file"] = str(token_file)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(out_dir)
     out = out_dir / "alertmanager.yml"
-    out.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    write_private(out, yaml.safe_dump(cfg, sort_keys=False))
     return out
 
 

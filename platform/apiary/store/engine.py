@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import sessionmaker
 
 logger = logging.getLogger(__name__)
@@ -15,13 +17,33 @@ logger = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).with_name("migrations")
 
 
+#: What SQLite keeps beside a database file (WAL mode): the write-ahead log and its index.
+SQLITE_SIDE_FILES = ("-wal", "-shm")
+
+
+def private_sqlite_file(path: Path) -> None:
+    """Make the SQLite database at ``path`` readable by its owner only: created empty with mode
+    0600 if missing (SQLite takes an empty file for a new database), else made 0600, and so are its
+    ``-wal`` and ``-shm`` files where they exist. SQLite creates those two with the database file's
+    own mode (its unix VFS, ``findCreateFileMode``), so they stay 0600 whatever the umask. A
+    directory it creates is 0700. Raises OSError as ``open``/``chmod`` do."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    for name in (path, *(path.with_name(path.name + side) for side in SQLITE_SIDE_FILES)):
+        try:
+            os.chmod(name, 0o600)
+        except FileNotFoundError:
+            pass
+
+
 def make_engine(url: str) -> Engine:
     """An engine for ``url``. SQLite gets WAL and ``synchronous=FULL`` so a committed job
-    survives kill -9 and power loss; a busy timeout lets readers wait for the one writer."""
+    survives kill -9 and power loss; a busy timeout lets readers wait for the one writer. A SQLite
+    file and its WAL hold the jobs' secrets: they are 0600 (:func:`private_sqlite_file`)."""
     if url.startswith("sqlite"):
-        path = url.split("///", 1)[-1]
-        if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        path = make_url(url).database
+        if path and path != ":memory:" and not path.startswith("file:"):
+            private_sqlite_file(Path(path))
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from apiary.errors import PlatformError, UnavailableError
-from apiary.procutil import die_with_parent
+from apiary.procutil import PRIVATE_UMASK, die_with_parent, open_private, private_dir
 
 logger = logging.getLogger(__name__)
 
@@ -253,7 +253,8 @@ def start_prefect_server(
 ) -> PrefectServer:
     """Start ``prefect server start`` on ``host:port`` and wait until ``GET /api/health`` answers.
 
-    ``home`` is created if needed and becomes ``PREFECT_HOME``. The database is
+    ``home`` is created if needed, made 0700, and becomes ``PREFECT_HOME``; the server runs with
+    umask 077, so its database and log (which hold flow runs' parameters) are 0600. The database is
     ``database_url`` (``PREFECT_SERVER_DATABASE_CONNECTION_URL``, e.g.
     ``postgresql+asyncpg://user:pw@host:port/db``; the database must exist, Prefect migrates it)
     or by default the SQLite file ``home/prefect.db``, so a second start on the same home sees
@@ -269,7 +270,7 @@ def start_prefect_server(
     (in both cases the process group is stopped and the log tail is in the message).
     """
     home = Path(home)
-    home.mkdir(parents=True, exist_ok=True)
+    private_dir(home)
     port = port or free_port(host)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(prefect_env(home))
@@ -287,7 +288,7 @@ def start_prefect_server(
         env["PREFECT_SERVER_API_AUTH_STRING"] = auth_string
     env.update(settings or {})
     log_path = home / "server.log"
-    log_file = open(log_path, "ab")  # the child keeps its own copy; ours is closed below
+    log_file = open_private(log_path)  # the child keeps its own copy; ours is closed below
     cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)]
     t0 = time.monotonic()
     try:
@@ -300,6 +301,7 @@ def start_prefect_server(
             stderr=subprocess.STDOUT,
             start_new_session=True,  # own process group: stop() signals the whole tree
             preexec_fn=die_with_parent,  # and it goes when whoever started it goes
+            umask=PRIVATE_UMASK,
         )
     finally:
         log_file.close()
