@@ -468,6 +468,7 @@ def test_busybox_liveness_example_with_process_backend(tmp_path):
     """Kubernetes' liveness-exec example, shortened: healthy for 3 s (the seed: 30 s), probed
     every 1 s after 1 s with failureThreshold 2. The loop below is what the agent does."""
     work = Path(tempfile.mkdtemp(prefix="apiary-probe-", dir="/tmp"))
+    os.chmod(work, 0o1777)  # the task runs as a uid of its own, and mkdtemp makes the dir 0700
     healthy = work / "healthy"
     backend = ProcessBackend(tmp_path / "state")
     run_id = "alice~liveness-exec.a0.liveness.0.t0"
