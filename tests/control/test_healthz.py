@@ -19,6 +19,7 @@ from tests.support.builders import LAB6
 
 from apiary.api import create_app
 from apiary.control import ControlPlane
+from apiary.errors import UnavailableError, error_from_response
 from apiary.ops.alerts import ActionsConfig, AlertReceiver
 from apiary.spec.cluster import load_cluster_config
 from apiary.store import make_engine, migrate, session_factory
@@ -49,6 +50,9 @@ def test_healthz_is_ok_while_the_store_writes_and_503_once_it_cannot(tmp_path: P
         body = r.json()
         assert body["status"] == "unhealthy" and "store cannot write" in body["reason"]
         assert "readonly" in body["reason"] and body["clusterId"] == "c-1"  # the CLI still learns the platform
+        # As any error answer: a client that raises on the 503 says why.
+        error = error_from_response(r.status_code, r.content)
+        assert isinstance(error, UnavailableError) and "store cannot write" in error.message
 
 
 def test_healthz_lists_an_agent_that_cannot_record_until_it_can(tmp_path: Path) -> None:

@@ -175,8 +175,10 @@ def create_app(
         body = {"status": "ok", "pid": os.getpid(), "startedAt": started, "clusterId": cluster_id}
         problems = health.problems()
         if problems:
-            return JSONResponse({**body, "status": "unhealthy", "reason": "; ".join(problems), "problems": problems},
-                                status_code=503)
+            reason = "; ".join(problems)
+            # code and message as every error answer has them: a client that raises on 503 says why.
+            return JSONResponse({**body, "status": "unhealthy", "reason": reason, "problems": problems,
+                                 "code": "UnavailableError", "message": f"unhealthy: {reason}"}, status_code=503)
         return body
 
     for router in routers.ALL:
