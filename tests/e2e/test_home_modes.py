@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
 from tests.support.builders import LAB6
 from tests.support.polling import nodes_ready, until
 
@@ -265,3 +266,17 @@ def test_an_existing_0644_store_and_wal_are_made_0600(tmp_path: Path, umask_022:
     finally:
         conn.close()
     assert modes == {"apiary.db": 0o600, "apiary.db-wal": 0o600, "apiary.db-shm": 0o600}
+
+
+def test_store_errors_do_not_carry_the_statement_parameters(tmp_path: Path) -> None:
+    """An error of the store (logged with its traceback by whoever catches it) names the statement,
+    never its parameters: a job's YAML, with its secrets, is one."""
+    engine = make_engine(f"sqlite:///{tmp_path}/apiary.db")
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE t (v TEXT UNIQUE)"))
+    with pytest.raises(IntegrityError) as failed, engine.begin() as conn:
+        for _ in range(2):
+            conn.execute(text("INSERT INTO t VALUES (:v)"), {"v": f"secrets: {{password: {SECRET}}}"})
+    engine.dispose()
+    assert "INSERT INTO t" in str(failed.value)
+    assert SECRET not in str(failed.value)

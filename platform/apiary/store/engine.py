@@ -39,12 +39,16 @@ def private_sqlite_file(path: Path) -> None:
 def make_engine(url: str) -> Engine:
     """An engine for ``url``. SQLite gets WAL and ``synchronous=FULL`` so a committed job
     survives kill -9 and power loss; a busy timeout lets readers wait for the one writer. A SQLite
-    file and its WAL hold the jobs' secrets: they are 0600 (:func:`private_sqlite_file`)."""
+    file and its WAL hold the jobs' secrets: they are 0600 (:func:`private_sqlite_file`).
+
+    Statements' parameters (a job's YAML with its ``secrets``, token digests) are left out of the
+    engine's errors and log lines (SQLAlchemy's ``hide_parameters``): an error logged with its
+    traceback, or one whose message reaches a client, names the statement only."""
     if url.startswith("sqlite"):
         path = make_url(url).database
         if path and path != ":memory:" and not path.startswith("file:"):
             private_sqlite_file(Path(path))
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, hide_parameters=True)
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn, _record):  # pragma: no cover - trivial
@@ -55,7 +59,7 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    return create_engine(url, pool_pre_ping=True, hide_parameters=True)
 
 
 def migrate(engine: Engine) -> None:
