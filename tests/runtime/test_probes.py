@@ -329,6 +329,28 @@ def test_prober_bounds_a_hanging_exec_probe_by_its_timeout(tmp_path):
     assert result.live_failed and "timed out" in result.message
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+def test_an_exec_probe_runs_as_the_tasks_uid_not_the_agents(tmp_path):
+    """The agent is root; a job's liveness command must not be: the runtime's exec_prefix drops it
+    to the task's uid, as the task itself runs."""
+    backend = ProcessBackend(tmp_path / "state")
+    run_id = "alice~probe-uid.a0.train.0.t0"
+    backend.launch(TaskLaunch(run_id=run_id, job_id="alice~probe-uid", user="alice", job_name="probe-uid",
+                              task_role="train", index=0, commands=["sleep 600"]))
+    try:
+        clock = FakeClock()
+        not_root = spec(exec={"command": ["sh", "-c", 'test "$(id -u)" -ne 0']}, failureThreshold=1)
+        bare, prefixed = Prober(clock=clock), Prober(clock=clock)
+        bare.watch("r", not_root, None, started_at_monotonic=clock.t, env={}, cwd="/")
+        prefixed.watch("r", not_root, None, started_at_monotonic=clock.t, env={}, cwd="/",
+                       exec_prefix=backend.exec_prefix(run_id))
+        assert bare.check("r").live_failed  # without the prefix it would run as root
+        result = prefixed.check("r")
+        assert not result.live_failed and "liveness ok" in result.message
+    finally:
+        backend.stop(run_id, grace_s=1.0)
+
+
 # --------------------------------------------------------------------------- schedule and thresholds
 
 

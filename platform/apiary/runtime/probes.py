@@ -42,7 +42,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,6 +220,9 @@ class ProbeState:
     ready: bool | None
     live_failed: bool = False
     live_message: str = ""
+    #: Put before an exec probe's command: runs it as the task's own uid (the runtime's
+    #: ``exec_prefix``), never as the agent's user when tasks run isolated.
+    exec_prefix: tuple[str, ...] = ()
     in_flight: bool = False
 
 
@@ -273,11 +276,13 @@ class Prober:
         started_at_monotonic: float,
         env: Mapping[str, str],
         cwd: str,
+        exec_prefix: Sequence[str] = (),
     ) -> None:
         """Start probing ``run_id``, which started at ``started_at_monotonic`` (on this prober's
         clock; see :func:`monotonic_from_wall`). The first probe of each kind is due
-        ``initialDelaySeconds`` after the start. No-op when both probes are None; a second
-        ``watch`` of a watched run is ignored (its counters are kept)."""
+        ``initialDelaySeconds`` after the start. ``exec_prefix`` is put before every exec probe's
+        argv (``setpriv ...``: the probe runs as the task does). No-op when both probes are None; a
+        second ``watch`` of a watched run is ignored (its counters are kept)."""
         if liveness is None and readiness is None:
             return
         with self._lock:
@@ -290,7 +295,7 @@ class Prober:
             self._runs[run_id] = ProbeState(
                 run_id=run_id, started_at=started_at_monotonic, env=dict(env), cwd=cwd,
                 liveness=track(liveness), readiness=track(readiness),
-                ready=None if readiness is None else False,
+                ready=None if readiness is None else False, exec_prefix=tuple(exec_prefix),
             )
 
     def forget(self, run_id: str) -> None:
@@ -347,12 +352,12 @@ class Prober:
             if not todo:
                 return ProbeResult(False, st.ready, "")
             st.in_flight = True
-            env, cwd = st.env, st.cwd
+            env, cwd, prefix = st.env, st.cwd, st.exec_prefix
         outcomes: list[_Outcome] = []
         try:
             for kind, tr in todo:
                 started = self._clock()
-                ok, message = self._run_one(tr.spec, env, cwd)
+                ok, message = self._run_one(tr.spec, env, cwd, prefix)
                 outcomes.append(_Outcome(kind, tr, started, ok, message))
                 if kind == "liveness" and not ok and tr.failures + 1 >= tr.spec.failure_threshold:
                     break  # about to be killed: its readiness no longer matters
@@ -371,8 +376,11 @@ class Prober:
 
     # ------------------------------------------------------------------ internals
 
-    def _run_one(self, spec: ProbeSpec, env: Mapping[str, str], cwd: str) -> tuple[bool, str]:
+    def _run_one(self, spec: ProbeSpec, env: Mapping[str, str], cwd: str,
+                 prefix: tuple[str, ...] = ()) -> tuple[bool, str]:
         action = spec.action
+        if prefix and isinstance(action, ExecAction):
+            action = ExecAction(command=[*prefix, *action.command])
         handler = self._handlers[type(action)]
         timeout = float(spec.timeout_seconds)
         started = self._clock()
