@@ -123,6 +123,7 @@ class NodeAgent:
         self.record_problem: str | None = None
         self._record_probed = float("-inf")
         self._sent_problem: str | None = None
+        self._launched: set[str] = set()  # runs the backend launched (or re-adopted) for this agent
 
     # ------------------------------------------------------------------ main loops
     async def run(self, stop: asyncio.Event) -> None:
@@ -245,15 +246,16 @@ class NodeAgent:
             labels, launch = a.get("labels"), a.get("launch")
             if isinstance(labels, dict) and isinstance(launch, dict):
                 self._labels[run_id] = {**labels, "gpus": list(launch.get("gpus") or [])}
-        new = [r for r, a in wanted.items()
-               if a.get("desired") == "RUN" and r not in self._tombstones and r not in self._failed
-               and self._status_or_none(r) is None]
-        problem = self.check_recording(0.0) if new else None
+        # Probe the recording only when something may be launched for the first time (a run this
+        # agent has not launched yet; the backend's own record decides, below, if it is new).
+        fresh = any(a.get("desired") == "RUN" and r not in self._launched and r not in self._tombstones
+                    and r not in self._failed for r, a in wanted.items())
+        problem = self.check_recording(0.0) if fresh else None
         for run_id, a in wanted.items():
             if run_id in self._tombstones or run_id in self._failed:
                 continue
             if a.get("desired") == "RUN":
-                if problem is not None and run_id in new:
+                if problem is not None and run_id not in self._launched and self._status_or_none(run_id) is None:
                     logger.warning("node=%s run=%s not launched: the node cannot record runs (%s)",
                                    self.node, run_id, problem)
                     continue
@@ -320,6 +322,7 @@ class NodeAgent:
                 started_at=now, finished_at=now,
             )
         else:
+            self._launched.add(run_id)
             if st.state == "running" and a.get("probes") and not self.backend.runs_probes:
                 try:
                     self._watch_probes(run_id, a["probes"], st, launch)
@@ -494,6 +497,7 @@ class NodeAgent:
             if s.run_id in acked and s.state == "exited":
                 # The control plane has the exit: never launch this run again, drop local state.
                 self._tombstones.add(s.run_id)
+                self._launched.discard(s.run_id)
                 self._failed.pop(s.run_id, None)
                 self._labels.pop(s.run_id, None)
                 self._liveness_failed.pop(s.run_id, None)
