@@ -226,3 +226,23 @@ def test_describe_error_blanks_secrets_and_stays_short(secret: str) -> None:
 
     text = describe_error(ValueError(f"bad command {secret!r}"), [secret])
     assert secret not in text and text.startswith("ValueError: bad command") and len(text) <= 500
+
+
+def test_the_nodes_healthz_answers_503_while_its_agent_cannot_record(tmp_path: Path) -> None:
+    """What ``run_agents`` serves for a node: ``/healthz`` is the agent's verdict."""
+    from prometheus_client import CollectorRegistry
+
+    from apiary.runtime.agent import serve_node_metrics
+
+    agent = make_agent(tmp_path, FakePlane({"assignments": []}))
+    server = serve_node_metrics("n1", CollectorRegistry(), "127.0.0.1", 0, health=agent.health)
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/healthz"
+        assert httpx.get(url, timeout=5).status_code == 200
+        agent.record_problem = "cannot write to /var/lib/apiary: No space left on device"
+        r = httpx.get(url, timeout=5)
+        assert r.status_code == 503 and "n1 cannot record runs" in r.json()["reason"]
+    finally:
+        server.shutdown()
+        server.server_close()
+        asyncio.run(agent.client.aclose())
