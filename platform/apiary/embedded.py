@@ -198,7 +198,10 @@ class Embedded:
         # plane would fail to bind while the first one answered its health checks.
         if self.api_port and port_in_use(self.api_port):
             raise PortInUseError(self.api_port)
-        private_dir(self.home)
+        try:
+            private_dir(self.home)
+        except OSError as e:
+            raise PlatformError(f"cannot make the home {self.home} private (mode 0700): {e.strerror or e}") from e
         cluster_id = ensure_cluster_id(self.home)
         run = self.home / "run"
         private_dir(run)
