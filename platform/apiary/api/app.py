@@ -8,7 +8,9 @@ config), ``nodes``, ``alerts``, ``agents`` (``/api/v2/nodes/{node}/...`` for nod
 ``identity`` (users, groups, tokens, ``/api/v2/me``), ``drills`` (drill results, shown in
 ``/metrics``) and ``ci`` (GitHub's webhook, :mod:`apiary.ci`). Every route but ``/healthz``,
 ``/metrics``, the OpenAPI pages and GitHub's webhook (signed with its secret instead) needs
-``Authorization: Bearer <token>`` (:mod:`apiary.api.auth`). Bodies are capped (413) and users'
+``Authorization: Bearer <token>`` (:mod:`apiary.api.auth`); who may call each route is the one
+table :data:`apiary.api.access.ACCESS`, which the OpenAPI document publishes per operation
+(``x-apiary-principals``). Bodies are capped (413) and users'
 calls rate-limited (429 with ``Retry-After``; :mod:`apiary.api.guards`). Bodies are the models
 of :mod:`apiary.api.schemas`. Errors answer ``{"code", "message"}`` (plus ``"field"`` for a
 ValidationError) with the status of the :mod:`apiary.errors` class; a
@@ -37,6 +39,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from apiary.api import routers
+from apiary.api.access import ACCESS
 from apiary.api.auth import bearer
 from apiary.api.guards import BodyLimitMiddleware, RateLimiter, error_headers
 from apiary.api.longpoll import NodeWaiters
@@ -191,6 +194,13 @@ def create_app(
             return app.openapi_schema
         document = FastAPI.openapi(app)  # builds and caches app.openapi_schema (this dict)
         document.setdefault("components", {}).setdefault("schemas", {}).update(job_protocol_components())
+        # Who may call each operation, from the one table (apiary.api.access); an operation the
+        # table lacks has no x-apiary-principals (tests/api/test_authz.py fails on it).
+        for path, operations in document.get("paths", {}).items():
+            for method, operation in operations.items():
+                row = ACCESS.get((method.upper(), path))
+                if row is not None and isinstance(operation, dict):
+                    operation["x-apiary-principals"] = row.principals()
         return document
 
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to extend the document

@@ -1,10 +1,11 @@
 """Who is calling, for the routes: ``Authorization: Bearer <token>`` -> a :class:`Principal`.
 
 Nothing else names the caller: no ``?user=``, no ``X-Apiary-User``. The one delegation is the
-Prefect bridge's service token, which may submit on behalf of an existing user
-(``X-Apiary-On-Behalf-Of``; :func:`submitter`). Every route states what it needs with one of the
-dependencies below; a missing or bad token is 401 (``WWW-Authenticate: Bearer``), a known caller
-without the right is 403 naming who they are and what they lack.
+Prefect bridge's service token, which may submit on behalf of an existing user who is neither an
+admin nor a service (``X-Apiary-On-Behalf-Of``; :func:`submitter`). Every route states what it
+needs with one of the dependencies below, as the table :data:`apiary.api.access.ACCESS` says; a
+missing or bad token is 401 (``WWW-Authenticate: Bearer``), a known caller without the right is
+403 naming who they are and what they lack.
 """
 
 from __future__ import annotations

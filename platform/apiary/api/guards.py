@@ -11,7 +11,10 @@ body or serve one user's flood at everyone else's expense.
   strings are checked by :class:`apiary.api.schemas.RequestBody`);
 * :class:`RateLimiter` counts API calls and job submissions per principal (``limits``, moving
   window, in memory) and raises :class:`~apiary.errors.TooManyRequestsError` with ``retry_after``;
-  :func:`error_headers` turns that into the ``Retry-After`` header of the app's error answer.
+  :func:`error_headers` turns that into the ``Retry-After`` header of the app's error answer. A
+  call counts when it is made; a submission only once it is accepted
+  (:meth:`RateLimiter.check_submit`, then :meth:`RateLimiter.count_submit`), so refused ones
+  (400, 403, 404, 409) cost a user nothing of their submission budget.
 
 Which principals are exempt (node agents, service tokens) is the caller's decision, not this
 module's: it limits whatever key it is given.

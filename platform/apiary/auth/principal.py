@@ -1,6 +1,6 @@
 """Who is calling: the principal a verified token stands for, and what each kind may do.
 
-The trust model (README, "Who may do what"):
+The trust model (README, "Who may do what"; route by route in :data:`apiary.api.access.ACCESS`):
 
 =============  ==============================  ==================================================
 kind           credential                      may
@@ -8,14 +8,17 @@ kind           credential                      may
 ``user``       personal token                  submit to the VCs their groups grant; see the jobs
                                                of those VCs; stop, clone and read the logs and
                                                events of their own jobs; read nodes and cluster
-                                               status
+                                               status; open incidents while on call
 ``user``       personal token, admin group     everything (OpenPAI's admin group)
 ``agent``      one token per node              report, long-poll assignments, push logs: its own
                                                node only, runs assigned to it only
-``service``    ``bridge`` token                read every job and event, record flow runs, stop
+``service``    ``bridge`` token                read every job and event, record flow runs (one
+                                               job's each, shared only with its Retry copies), stop
                                                and clone (Cancel / Retry in the Prefect UI),
-                                               submit on behalf of an existing user, run a cycle
-``service``    ``alertmanager`` token          post alerts to the webhook (no ``?action=``)
+                                               submit on behalf of an existing user who is no admin,
+                                               run a cycle
+``service``    ``alertmanager`` token          post alerts to the webhook (no ``?action=``), open
+                                               incidents
 =============  ==============================  ==================================================
 """
 

@@ -118,8 +118,8 @@ async def clone(job_id: str, request: Request, plane: Plane, directory: Dir, cal
     free one or the source job's own. 202: the new job. The job's owner, admins and the bridge
     only; the copy still needs a VC its owner may use. A copy is a submission of the job's owner:
     it counts against their limit (not an admin's) once accepted."""
+    _owned(plane, caller, job_id, "clone")  # first: a job the caller may not see is a 404 whatever they send
     flow_run_id = flow_run_link(caller, x_apiary_flow_run_id)
-    _owned(plane, caller, job_id, "clone")
     # Whose budget: the owner's. A user may clone only their own jobs; the bridge acts for the
     # owner, who may be an admin (not limited).
     owner = None if caller.admin else caller.name if caller.kind == "user" else plane.job_owner(job_id)[0]
