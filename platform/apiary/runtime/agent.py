@@ -354,8 +354,13 @@ class NodeAgent:
             return
         # watch() ignores repeats, so re-adopted runs are covered too; the schedule counts from the
         # run's real start.
+        # An exec probe is a job's command: it runs as the task's uid (the backend's exec_prefix),
+        # never as the agent's user; a backend that cannot say which uid raises, and the probe is
+        # then not watched rather than run as root.
+        exec_prefix = getattr(self.backend, "exec_prefix", None)
+        prefix = exec_prefix(run_id) if exec_prefix is not None else []
         self.prober.watch(run_id, live, ready, started_at_monotonic=monotonic_from_wall(st.started_at),
-                          env=launch.env, cwd=launch.workdir or self.workdir)
+                          env=launch.env, cwd=launch.workdir or self.workdir, exec_prefix=prefix)
 
     async def _probe(self, run_id: str) -> None:
         res = await asyncio.to_thread(self.prober.check, run_id)
