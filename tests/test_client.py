@@ -63,3 +63,13 @@ def test_cli_prints_the_servers_message_and_exits_1(monkeypatch: pytest.MonkeyPa
     result = CliRunner().invoke(cli.app, ["job", "get", "alice~x"])
     assert result.exit_code == 1
     assert f"error ({status}): {message}" in " ".join(result.output.split())
+
+
+def test_an_unhealthy_platform_answers_health_with_its_reason_and_cluster_id() -> None:
+    """/healthz is 503 while the store cannot write: the CLI still learns which platform it is."""
+    body = {"status": "unhealthy", "reason": "store cannot write", "clusterId": "c-1",
+            "code": "UnavailableError", "message": "store cannot write"}
+    assert answering(503, body).health() == body
+    assert answering(200, {"status": "ok", "clusterId": "c-1"}).health()["status"] == "ok"
+    with pytest.raises(UnavailableError):
+        answering(503, {"code": "UnavailableError", "message": "starting"}).health()

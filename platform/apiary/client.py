@@ -42,7 +42,23 @@ class ApiaryClient:
         return r
 
     def health(self) -> dict:
-        return self._call("GET", "/healthz").json()
+        """``GET /healthz``'s body: ``status`` ``ok`` or ``unhealthy`` (with ``reason``), and
+        ``clusterId``. An unhealthy platform (503 with a body) is answered, not raised: it is still
+        the platform a home names. Raises :class:`UnavailableError` when unreachable."""
+        try:
+            r = self._http.request("GET", "/healthz")
+        except httpx.TransportError as e:
+            raise UnavailableError(f"Apiary API at {self.api_url} is not reachable: {e}") from e
+        if r.status_code == 503:
+            try:
+                body = r.json()
+            except ValueError:
+                body = None
+            if isinstance(body, dict) and "clusterId" in body:
+                return body
+        if r.status_code >= 400:
+            raise error_from_response(r.status_code, r.content)
+        return r.json()
 
     def submit(self, job: str | Path, flow_run_id: str | None = None, on_behalf_of: str | None = None) -> dict:
         """Submit a job as the token's user (``on_behalf_of``: the bridge's token only)."""

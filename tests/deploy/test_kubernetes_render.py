@@ -293,7 +293,12 @@ def test_prefect_server_and_bridge(manifests: list[dict]):
 )
 def test_services_with_a_health_endpoint_are_probed_on_it(manifests: list[dict], name: str, path: str):
     [container] = pod_spec(one(manifests, "Deployment", name))["containers"]
-    assert container["livenessProbe"]["httpGet"]["path"] == path
+    if name == "apiary-control-plane":
+        # Its /healthz is 503 while the store cannot write: out of the Service, not restarted.
+        assert container["readinessProbe"]["httpGet"]["path"] == path
+        assert container["livenessProbe"]["tcpSocket"]["port"] == "http"
+    else:
+        assert container["livenessProbe"]["httpGet"]["path"] == path
     assert "readinessProbe" in container
     service = one(manifests, "Service", name)
     assert service["spec"]["selector"].items() <= one(manifests, "Deployment", name)["spec"]["template"][
