@@ -18,12 +18,13 @@ Who a drill acts as, and what a run from the UI may do. The drills act as the ad
 (:func:`apiary.drills.common.drill_token`): they cordon nodes, inject faults and run chaos
 actions. That token stays in the serving process and goes only to the platform's configured URL
 (``APIARY_API_URL``): no parameter names a URL or a token, and Prefect refuses a run with one.
-Whoever holds the Prefect password may still press Run on a drill, so the parameters can only
-narrow the drill the schedule runs, never widen it: a subset of the VCs or nodes, of the
-experiments tagged for drills (``root`` and ``disrupts-guaranteed-jobs`` ones are for
-``python -m apiary.drills`` on the host only), a shorter time, cordoning turned off (never on
-when ``APIARY_DRILL_STRESS_CORDON`` is off), a known load profile. Anything else is refused
-before the drill starts.
+Whoever holds the Prefect password may still press Run on a drill, so its parameters are bounded
+to the drill the schedule runs: a subset of the VCs or nodes, or of the experiments tagged for
+drills (``root`` and ``disrupts-guaranteed-jobs`` ones are for ``python -m apiary.drills`` on the
+host only); cordoning turned off, never on when ``APIARY_DRILL_STRESS_CORDON`` is off; a known load
+profile (at most 50 simulated people); times capped (:data:`MAX_PROBE_SLO_S` and the others: an
+hour for the probe SLO and the stress wait, ten minutes per chaos experiment and per load run).
+Anything else is refused before the drill starts.
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ goes (a run with such a parameter is refused), and each acts with only what it n
 * ``apiary-job/*`` and ``scheduling-loop/loop`` use the bridge's service token (submit on behalf of
   an existing user, stop, clone, scheduling cycles);
 * the drills, ``runbook/*`` and ``alert-quality/weekly`` use the admin's token inside this process,
-  and their parameters can only narrow what they do (flows/drills.py, flows/runbooks.py): a drill
-  as its schedule runs it or less; a runbook only for an open incident that names the node;
+  with bounded parameters (flows/drills.py, flows/runbooks.py): a drill no wider than its schedule
+  runs it; a runbook only for an open incident that names the node;
 * ``what-if-replay/whatif`` calls no API;
 * ``platform-ci/pr`` and ``platform-deploy/main`` take the webhook's pipeline request (flows/ci.py)
   and send no token to its URLs; they clone ``APIARY_CI_REPO_URL`` when it is set, else the
@@ -133,7 +133,7 @@ def drill_deployments(active: bool | None = None) -> list:
     are active only with ``active`` (default: ``APIARY_DRILL_SCHEDULES=1``, which ``apiary up``
     sets): a platform started by a test or ``apiary demo`` keeps them paused, so no probe job
     lands among the jobs it checks. Paused or not, each can be run by hand from the UI, with
-    parameters that only narrow the drill (flows/drills.py)."""
+    bounded parameters (flows/drills.py)."""
     if active is None:
         active = os.environ.get("APIARY_DRILL_SCHEDULES") == "1"
     return [
