@@ -124,3 +124,19 @@ def test_no_combination_of_report_fields_answers_500_or_sticks_the_job(platform:
                 job["state"] == "WAITING" and job["retries"] == 1 and job["tasks"][0]["attempt"] == 1), f"{case}: {job}"
         assert platform.report([run]).status_code == 200, case
         platform.clear(job_id)
+
+
+def test_an_agent_that_says_it_cannot_record_makes_healthz_503_until_it_can(platform: Platform) -> None:
+    """The agent's ``cannotRecord`` goes through the HTTP report to the control plane's /healthz."""
+    c = platform.client
+
+    def report(cannot_record: str | None) -> int:
+        body = {"agentId": "a", "gpus": 1, "simulatedGpus": True, "runs": [], "cannotRecord": cannot_record}
+        return c.post(f"/api/v2/nodes/{CAROL}/status", headers=platform.agent, json=body).status_code
+
+    assert c.get("/healthz").status_code == 200
+    assert report("cannot write to /var/lib/apiary/agents: No space left on device") == 200
+    r = c.get("/healthz")
+    assert r.status_code == 503 and CAROL in r.json()["reason"] and "No space left" in r.json()["reason"]
+    assert report(None) == 200
+    assert c.get("/healthz").status_code == 200

@@ -231,6 +231,11 @@ class NodeReport(RequestBody):
         description="The agent's high-water mark: the highest fault id it has applied (None: not reported).",
     )
     logs: list[LogChunk] = Field(default=[], max_length=2 * MAX_REPORT_RUNS)
+    cannotRecord: str | None = Field(
+        default=None, max_length=2000,
+        description="Why the agent cannot record its runs (state dir not writable, disk full); it launches "
+                    "nothing new meanwhile and the control plane's /healthz says so. Null: it can.",
+    )
 
     @model_validator(mode="after")
     def _inline_logs_fit(self) -> NodeReport:
@@ -641,7 +646,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 class CiWebhookAccepted(BaseModel):
     """The CI intake's answer to a GitHub delivery (HTTP 202): ``kind`` ``pr``, ``deploy``, ``ping``
-    or ``ignored``; ``duplicate`` when the delivery id was already received (nothing new started);
+    or ``ignored``; ``duplicate`` when the delivery id, or the same body for the same event, was
+    already received (nothing new started; ``reason`` names the earlier delivery of a replayed body);
     ``reason`` why it starts nothing (ignored), ``pong`` for a ping, else empty."""
 
     delivery: str

@@ -49,6 +49,7 @@ def node_status(node: str, report: NodeReport, plane: Plane, _agent: NodeAgent) 
         runs=[r.model_dump() for r in report.runs],
         metrics_url=report.metricsUrl,
         faults_applied=report.faultsApplied,
+        cannot_record=report.cannotRecord,
     )
     return {**answer, "logs": stored} if report.logs else answer
 
