@@ -44,7 +44,7 @@ DEFAULT_TOKEN_TTL_S = 90 * 86400.0
 
 
 def check_name(field: str, name: str) -> str:
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise ValidationError(field, f"invalid name {name!r}: 1-64 letters, digits, '_' or '-'")
     return name
 

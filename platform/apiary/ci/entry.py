@@ -333,7 +333,7 @@ def repo_name(url: str) -> str | None:
 def build_request(entry: EntryPoint, opts: Options, env: Mapping[str, str]) -> PipelineRequest:
     """The flow run's ``request`` parameter, as the webhook intake would build it. Raises
     :class:`CannotRun` for a bad flag."""
-    if not _SHA.match(opts.sha):
+    if not _SHA.fullmatch(opts.sha):
         raise CannotRun(f"--sha must be a full 40-hex commit id, not {opts.sha!r}")
     if not opts.repo_url.strip():
         raise CannotRun("--repo-url is empty")

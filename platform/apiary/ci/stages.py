@@ -69,7 +69,7 @@ def checkout(ctx: CiContext) -> str:
     workspace and check out the commit's sha (fetching ``refs/pull/<n>/head`` when the sha is only
     on the pull request's ref). Fails when the sha cannot be found."""
     sha = ctx.commit.sha.lower()
-    if not SHA_RE.match(sha):
+    if not SHA_RE.fullmatch(sha):
         raise StageFailed(f"not a commit sha: {ctx.commit.sha!r}")
     url = ctx.config.repo_url or ctx.commit.clone_url
     if not url or url.startswith("-"):

@@ -407,7 +407,7 @@ class ControlPlane:
                 authorize: Callable[[JobSpec], None] | None = None, shares_flow_run_of: str | None = None) -> dict:
         """:meth:`submit`; ``shares_flow_run_of`` names the job whose flow run this one may share
         (:meth:`clone`'s source)."""
-        if not USER_PATTERN.match(user or ""):
+        if not USER_PATTERN.fullmatch(user or ""):
             raise ValidationError("user", f"invalid user name {user!r}: use letters, digits, '_' or '-'")
         spec = parse_job(text, max_instances=self.max_instances)
         for role in spec.task_roles:

@@ -557,7 +557,7 @@ def parse_action_items(markdown: str) -> list[ActionItem]:
     for row in rows[2:]:
         cells = _cells(row)
         parsed.append({k: (cells[i] if i < len(cells) else "") for k, i in columns.items()})
-    used = [int(m.group(1)) for r in parsed if (m := _ID.match(r.get("id", "")))]
+    used = [int(m.group(1)) for r in parsed if (m := _ID.fullmatch(r.get("id", "")))]
     next_id = max(used, default=0) + 1
     seen: set[str] = set()
     out: list[ActionItem] = []
@@ -566,7 +566,7 @@ def parse_action_items(markdown: str) -> list[ActionItem]:
         item_id = r.get("id", "")
         if not item_id:
             item_id, next_id = f"AI-{next_id}", next_id + 1
-        elif not _ID.match(item_id):
+        elif not _ID.fullmatch(item_id):
             raise ValidationError(f"{where}.id", f"must look like AI-<n>, not {item_id!r}")
         if item_id in seen:
             raise ValidationError(f"{where}.id", f"{item_id} appears twice")

@@ -134,7 +134,7 @@ def alert_rules(incident: Incident) -> tuple[str, ...]:
             names.add(labels["alertname"])
     if not names and ":" in incident.title:
         prefix = incident.title.split(":", 1)[0].strip()
-        if _ALERTNAME.match(prefix):
+        if _ALERTNAME.fullmatch(prefix):
             names.add(prefix)
     return tuple(sorted(names))
 

@@ -121,7 +121,7 @@ class Message:
 
 
 def _e164(value: str) -> str:
-    if not _E164.match(value):
+    if not _E164.fullmatch(value):
         raise ValueError(f"expected an E.164 phone number such as +14155550100 (no spaces), got {value!r}")
     return value
 

@@ -163,7 +163,7 @@ class DockerBackend(RuntimeBackend):
         """
         import docker
 
-        if not RUN_ID_RE.match(task.run_id or "") or task.run_id.startswith("."):
+        if not RUN_ID_RE.fullmatch(task.run_id or "") or task.run_id.startswith("."):
             raise ValidationError("run_id", f"{task.run_id!r} must be 1-200 characters of letters, digits and ~ . - _")
         if isinstance(task.commands, str) or not all(isinstance(c, str) for c in task.commands):
             raise ValidationError("commands", "must be a list of strings")
@@ -296,7 +296,7 @@ class DockerBackend(RuntimeBackend):
     def status(self, run_id: str) -> TaskStatus | None:
         """The run's status from its final record or ``docker inspect``; ``None`` if never launched
         here. Raises :class:`UnavailableError` when dockerd does not answer (try again)."""
-        if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id) or run_id.startswith("."):
+        if not isinstance(run_id, str) or not RUN_ID_RE.fullmatch(run_id) or run_id.startswith("."):
             return None
         run_dir = self.state_dir / run_id
         if not run_dir.is_dir():
@@ -318,7 +318,7 @@ class DockerBackend(RuntimeBackend):
                 raise UnavailableError(f"dockerd does not answer: {exc}") from exc
             for c in labelled:
                 run_id = c.labels.get(LABEL, "")
-                if run_id and run_id not in dirs and run_id not in self._forgotten and RUN_ID_RE.match(run_id):
+                if run_id and run_id not in dirs and run_id not in self._forgotten and RUN_ID_RE.fullmatch(run_id):
                     (self.state_dir / run_id).mkdir(exist_ok=True)
                     dirs.add(run_id)
                     logger.warning("node=%s re-adopted container %s of run %s without a record",
@@ -330,7 +330,7 @@ class DockerBackend(RuntimeBackend):
         """``state_dir/<run_id>/<stream>.log``, written by the container itself. Reads only the
         state directory: the agent asks from its event loop, where a slow dockerd must not stall
         every node of the process."""
-        if stream not in ("stdout", "stderr") or not isinstance(run_id, str) or not RUN_ID_RE.match(run_id) \
+        if stream not in ("stdout", "stderr") or not isinstance(run_id, str) or not RUN_ID_RE.fullmatch(run_id) \
                 or run_id.startswith(".") or not (self.state_dir / run_id).is_dir():
             return None
         return self.state_dir / run_id / f"{stream}.log"

@@ -62,7 +62,7 @@ def gpu_env(gpus: Sequence[int]) -> dict[str, str]:
 
 
 def _check_name(field: str, name: str) -> None:
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise ValidationError(
             field, f"{name!r} cannot be used in an environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
         )

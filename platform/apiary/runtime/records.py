@@ -26,7 +26,7 @@ RUN_ID_RE = re.compile(r"^[A-Za-z0-9_~\-][A-Za-z0-9_~.\-]{0,199}$")
 
 
 def valid_run_id(run_id: object) -> bool:
-    return isinstance(run_id, str) and bool(RUN_ID_RE.match(run_id))
+    return isinstance(run_id, str) and bool(RUN_ID_RE.fullmatch(run_id))
 
 
 FILE_MODE = 0o600
