@@ -88,6 +88,12 @@ class NoTokenError(NotFoundError):
     code = "NoTokenError"
 
 
+class NoIncidentError(NotFoundError):
+    """No incident with that id. HTTP 404."""
+
+    code = "NoIncidentError"
+
+
 class NoVirtualClusterError(NotFoundError):
     """No virtual cluster of that name in the cluster config (OpenPAI's ``NoVirtualClusterError``). HTTP 404."""
 

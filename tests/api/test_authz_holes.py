@@ -227,7 +227,8 @@ def test_error_codes_name_what_is_missing(world: World) -> None:
                                ("PUT", "/api/v2/groups/team-b/members/nobody", "NoUserError"),
                                ("PUT", "/api/v2/groups/team-b/virtualClusters/nope", "NoVirtualClusterError"),
                                ("DELETE", "/api/v2/tokens/000000000000", "NoTokenError"),
-                               ("GET", "/api/v2/jobs/alice~nope", "NoJobError")):
+                               ("GET", "/api/v2/jobs/alice~nope", "NoJobError"),
+                               ("GET", "/api/v2/incidents/999999", "NoIncidentError")):
         r = c.request(method, path, headers=h["admin"])
         assert (r.status_code, r.json()["code"]) == (404, code), (path, r.text)
     r = c.post("/api/v2/users", json={"username": "alice"}, headers=h["admin"])

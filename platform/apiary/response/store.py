@@ -22,7 +22,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from apiary.control.views import iso
-from apiary.errors import NotFoundError
+from apiary.errors import NoIncidentError
 from apiary.incidents import Incident, IncidentState, Links, TimelineEntry
 from apiary.store.models import ActionItem, Escalation, IncidentEntry, IncidentRow, Notification
 
@@ -74,11 +74,11 @@ class IncidentStore:
                         timeline=tuple(_entry(e) for e in entries))
 
     def get(self, incident_id: str | int) -> Incident:
-        """The incident; raises NotFoundError."""
+        """The incident; raises NoIncidentError (a NotFoundError, 404)."""
         with self.sessions() as s:
             row = s.get(IncidentRow, _id(incident_id))
             if row is None:
-                raise NotFoundError(f"Incident {incident_id} not found.")
+                raise NoIncidentError(f"Incident {incident_id} not found.")
             return self._load(s, row)
 
     def row(self, incident_id: str | int) -> dict[str, Any]:
@@ -86,7 +86,7 @@ class IncidentStore:
         with self.sessions() as s:
             row = s.get(IncidentRow, _id(incident_id))
             if row is None:
-                raise NotFoundError(f"Incident {incident_id} not found.")
+                raise NoIncidentError(f"Incident {incident_id} not found.")
             return {"policy": row.policy, "verdict": row.verdict, "postmortem": row.postmortem}
 
     def create(self, build: Callable[[str], Incident], policy: str | None) -> Incident:
@@ -108,7 +108,7 @@ class IncidentStore:
         with self.lock, self.sessions() as s, s.begin():
             row = s.get(IncidentRow, _id(incident_id))
             if row is None:
-                raise NotFoundError(f"Incident {incident_id} not found.")
+                raise NoIncidentError(f"Incident {incident_id} not found.")
             before = self._load(s, row)
             box = [before]
             yield box
@@ -136,7 +136,7 @@ class IncidentStore:
         with self.lock, self.sessions() as s, s.begin():
             row = s.get(IncidentRow, _id(incident_id))
             if row is None:
-                raise NotFoundError(f"Incident {incident_id} not found.")
+                raise NoIncidentError(f"Incident {incident_id} not found.")
             for name, value in fields.items():
                 setattr(row, name, value)
 
@@ -265,4 +265,4 @@ def _id(incident_id: str | int) -> int:
     try:
         return int(str(incident_id).removeprefix("INC-").removeprefix("inc-"))
     except ValueError:
-        raise NotFoundError(f"Incident {incident_id} not found.") from None
+        raise NoIncidentError(f"Incident {incident_id} not found.") from None
