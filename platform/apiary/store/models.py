@@ -40,7 +40,8 @@ class Job(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     exit_phrase: Mapped[str | None] = mapped_column(String(100), nullable=True)
     waiting_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
-    flow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # Indexed: a submission or link that names a flow run looks up the jobs attached to it.
+    flow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     # Free-form tags set by alert actions (OpenPAI's alert handler "tag-jobs"), e.g. "low-gpu-util".
     tags: Mapped[list | None] = mapped_column(JSON, nullable=True)
     # Arrival order (1, 2, ...): FIFO's tie-break between jobs submitted at the same time, the same
