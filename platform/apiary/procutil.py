@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -105,3 +106,27 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return True
     return False
+
+
+def write_probe(directory: Path | str, nbytes: int, *, fsync: bool = False) -> str | None:
+    """Whether ``directory`` takes a write now: ``nbytes`` written to a new hidden file there
+    (``.apiary-write-probe-<pid>-<thread>``, 0600), then removed. Returns None when it does, else
+    ``"<directory>: <strerror>"`` (not writable, no free block: ENOSPC). ``fsync`` flushes the
+    bytes before closing (file systems that reserve blocks at write time need none)."""
+    probe = Path(directory) / f".apiary-write-probe-{os.getpid()}-{threading.get_ident()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, b"\0" * nbytes)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return f"{directory}: {exc.strerror or exc}"
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
+    return None

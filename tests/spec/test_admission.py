@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.support.builders import minimal_job
 
 from apiary.errors import ValidationError
 from apiary.spec import safeyaml
@@ -36,26 +37,7 @@ def test_the_limits_are_the_modules():
 
 def job(**changes: Any) -> dict[str, Any]:
     """A valid job as data with ``changes`` set by dotted path (``"taskRoles.train.commands"``)."""
-    data: dict[str, Any] = {
-        "protocolVersion": 2,
-        "name": "admission",
-        "type": "job",
-        "prerequisites": [{"name": "img", "type": "dockerimage", "uri": "busybox"}],
-        "taskRoles": {
-            "train": {
-                "dockerImage": "img",
-                "resourcePerInstance": {"cpu": 1, "memoryMB": 1024, "gpu": 1},
-                "commands": ["echo hi"],
-            }
-        },
-    }
-    for dotted, value in changes.items():
-        node = data
-        *path, last = dotted.split(".")
-        for key in path:
-            node = node.setdefault(key, {})
-        node[last] = value
-    return data
+    return minimal_job("admission", **changes)
 
 
 def as_json(data: dict[str, Any]) -> str:

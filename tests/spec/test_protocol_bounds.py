@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.support.builders import minimal_job
 
 from apiary.errors import ValidationError
 from apiary.spec.job import (
@@ -30,26 +31,7 @@ RESOURCES = f"{TRAIN}.resourcePerInstance"
 
 def job(**changes: Any) -> dict:
     """A minimal valid job with ``changes`` set by dotted path (``"taskRoles.train.instances"``)."""
-    data: dict = {
-        "protocolVersion": 2,
-        "name": "bounds",
-        "type": "job",
-        "prerequisites": [{"name": "img", "type": "dockerimage", "uri": "busybox"}],
-        "taskRoles": {
-            "train": {
-                "dockerImage": "img",
-                "resourcePerInstance": {"cpu": 1, "memoryMB": 1024, "gpu": 1},
-                "commands": ["echo hi"],
-            }
-        },
-    }
-    for dotted, value in changes.items():
-        node = data
-        *path, last = dotted.split(".")
-        for key in path:
-            node = node.setdefault(key, {})
-        node[last] = value
-    return data
+    return minimal_job("bounds", **changes)
 
 
 def text(**changes: Any) -> str:

@@ -42,6 +42,31 @@ def job_text(n: int, sleep_s: int | None = None, **changes: Any) -> str:
     return yaml.safe_dump(doc, sort_keys=False)
 
 
+def minimal_job(job_name: str = "minimal", /, **changes: Any) -> dict[str, Any]:
+    """The smallest valid job as data (one ``train`` role, one GPU, ``echo hi``), with ``changes``
+    set by dotted path (``"taskRoles.train.commands"``), creating mappings on the way."""
+    data: dict[str, Any] = {
+        "protocolVersion": 2,
+        "name": job_name,
+        "type": "job",
+        "prerequisites": [{"name": "img", "type": "dockerimage", "uri": "busybox"}],
+        "taskRoles": {
+            "train": {
+                "dockerImage": "img",
+                "resourcePerInstance": {"cpu": 1, "memoryMB": 1024, "gpu": 1},
+                "commands": ["echo hi"],
+            }
+        },
+    }
+    for dotted, value in changes.items():
+        node = data
+        *path, last = dotted.split(".")
+        for key in path:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return data
+
+
 def healthy_scheduler(cluster: Path | str) -> HivedScheduler:
     """A HivedScheduler for the HiveD config at ``cluster`` (a path, or YAML text) with every node
     healthy, as if each node's agent had reported (a new scheduler knows no node's health)."""

@@ -17,7 +17,6 @@ Either problem makes ``/healthz`` answer 503 with the reasons. A full PostgreSQL
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +26,8 @@ from typing import TYPE_CHECKING
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
+
+from apiary.procutil import write_probe
 
 if TYPE_CHECKING:
     from apiary.control.plane import ControlPlane
@@ -63,22 +64,8 @@ def store_write_problem(sessions: Callable[[], Session]) -> str | None:
     if not database or database == ":memory:" or database.startswith("file:"):
         return None
     directory = Path(database).absolute().parent
-    probe = directory / f".apiary-healthz-{os.getpid()}-{threading.get_ident()}"
-    try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.write(fd, b"\0" * PROBE_BYTES)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError as e:
-        return f"the store cannot write: {directory}: {e.strerror or e}"
-    finally:
-        try:
-            probe.unlink()
-        except OSError:
-            pass
-    return None
+    problem = write_probe(directory, PROBE_BYTES, fsync=True)
+    return None if problem is None else f"the store cannot write: {problem}"
 
 
 def agent_problems(plane: ControlPlane) -> list[str]:

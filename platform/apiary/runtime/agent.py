@@ -33,7 +33,6 @@ import dataclasses
 import logging
 import os
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -43,6 +42,7 @@ import httpx
 
 from apiary.errors import UnavailableError, ValidationError
 from apiary.lifecycle import EXIT_LAUNCH_FAILED, EXIT_LIVENESS_FAILED
+from apiary.procutil import write_probe
 from apiary.runtime.base import RuntimeBackend, TaskLaunch, TaskStatus
 from apiary.runtime.probes import Prober, monotonic_from_wall, probes_from_wire
 
@@ -637,21 +637,8 @@ def recording_problem(backend: RuntimeBackend) -> str | None:
     state_dir = getattr(backend, "state_dir", None)
     if state_dir is None:
         return None
-    probe = Path(state_dir) / f".record-probe-{os.getpid()}-{threading.get_ident()}"
-    try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.write(fd, b"\0" * RECORD_PROBE_BYTES)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        return f"cannot write to {state_dir}: {exc.strerror or exc}"
-    finally:
-        try:
-            probe.unlink()
-        except OSError:
-            pass
-    return None
+    problem = write_probe(state_dir, RECORD_PROBE_BYTES)
+    return None if problem is None else f"cannot write to {problem}"
 
 
 def _secret_values(launch: object) -> list[str]:
