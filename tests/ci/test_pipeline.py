@@ -5,6 +5,8 @@ on a throwaway repository."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 from pathlib import Path
 
@@ -235,6 +237,21 @@ def test_unit_fails_naming_the_failing_test(origin, tmp_path):
     with pytest.raises(StageFailed) as exc:
         stages.unit(c)
     assert exc.value.summary.startswith("1 of 2 unit tests failed: tests.test_bad::test_breaks")
+
+
+def test_the_checkout_is_readable_by_others_though_the_platform_runs_with_umask_077(origin, tmp_path):
+    """The images built from the workspace run tasks as uids of their own: the code must be 0644
+    and its directories 0755 even when the flows' process has the platform's umask 077."""
+    src, bare = origin
+    sha = commit_change(src, bare, {"README": "hello\n"}, "modes")
+    c = unit_ctx(tmp_path, bare, sha)
+    old = os.umask(0o077)
+    try:
+        stages.checkout(c)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((c.workspace / "README").stat().st_mode) == 0o644
+    assert stat.S_IMODE(c.workspace.stat().st_mode) == 0o755
 
 
 def test_checkout_of_an_unknown_sha_fails(origin, tmp_path):

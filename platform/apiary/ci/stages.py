@@ -27,6 +27,8 @@ import httpx
 from apiary.ci.pipeline import CiContext, PipelineReport, Stage, StageFailed
 
 SHA_RE = re.compile(r"^[0-9a-f]{7,40}$")
+#: The workspace's files are 0644 and its directories 0755, as a clone's anywhere else.
+CHECKOUT_UMASK = 0o022
 #: Bounds on each stage's commands (seconds): a hung command fails its stage, not the pipeline.
 TIMEOUTS = {"checkout": 300, "unit": 1800, "integration": 900, "regression": 900}
 #: The staging platform's cluster: Lab 6's two-VC config (the integration suite's scenarios 1-3 need it).
@@ -34,13 +36,15 @@ STAGING_CLUSTER = "examples/lab6/hived-config-two-vcs.yaml"
 
 
 def _run(ctx: CiContext, stage: str, argv: Sequence[object], *, cwd: Path | None = None,
-         env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+         env: dict[str, str] | None = None, timeout: float = 600,
+         umask: int = -1) -> subprocess.CompletedProcess[str]:
     """Run ``argv``, append its output to ``<artifacts>/<stage>.log`` and the stage's log; a
-    timeout is a :class:`StageFailed`. Returns the completed process (the caller judges the code)."""
+    timeout is a :class:`StageFailed`. ``umask``: the command's (-1: this process's). Returns the
+    completed process (the caller judges the code)."""
     cmd = [str(a) for a in argv]
     ctx.log.info("$ %s", " ".join(cmd))
     try:
-        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, umask=umask)
     except subprocess.TimeoutExpired as exc:
         raise StageFailed(f"{cmd[0]} did not finish within {timeout:g} s") from exc
     with (ctx.artifacts / f"{stage}.log").open("a") as f:
@@ -67,7 +71,9 @@ def workspace_env(ctx: CiContext, **more: str) -> dict[str, str]:
 def checkout(ctx: CiContext) -> str:
     """Clone the repository (``APIARY_CI_REPO_URL`` or the webhook's ``clone_url``) into a clean
     workspace and check out the commit's sha (fetching ``refs/pull/<n>/head`` when the sha is only
-    on the pull request's ref). Fails when the sha cannot be found."""
+    on the pull request's ref). Fails when the sha cannot be found. The checkout is made with umask
+    022 as any clone is, though the platform runs with 077: it is code, not secrets, and the images
+    built from it run their tasks as uids of their own, which must read it."""
     sha = ctx.commit.sha.lower()
     if not SHA_RE.fullmatch(sha):
         raise StageFailed(f"not a commit sha: {ctx.commit.sha!r}")
@@ -78,16 +84,16 @@ def checkout(ctx: CiContext) -> str:
     shutil.rmtree(ws, ignore_errors=True)
     ws.parent.mkdir(parents=True, exist_ok=True)
     proc = _run(ctx, "checkout", ["git", "clone", "--quiet", "--no-checkout", "--", url, ws],
-                timeout=TIMEOUTS["checkout"])
+                timeout=TIMEOUTS["checkout"], umask=CHECKOUT_UMASK)
     if proc.returncode != 0:
         raise StageFailed(f"git clone {url} failed: {proc.stderr.strip()[-300:]}")
     git: list[object] = ["git", "-C", ws, "-c", "advice.detachedHead=false"]
-    if _run(ctx, "checkout", [*git, "checkout", "--quiet", sha]).returncode != 0:
+    if _run(ctx, "checkout", [*git, "checkout", "--quiet", sha], umask=CHECKOUT_UMASK).returncode != 0:
         refs = [f"+refs/pull/{ctx.commit.pr_number}/head"] if ctx.commit.pr_number is not None else []
         for ref in [*refs, sha]:
-            if _run(ctx, "checkout", [*git, "fetch", "--quiet", "origin", ref]).returncode == 0:
+            if _run(ctx, "checkout", [*git, "fetch", "--quiet", "origin", ref], umask=CHECKOUT_UMASK).returncode == 0:
                 break
-        if _run(ctx, "checkout", [*git, "checkout", "--quiet", sha]).returncode != 0:
+        if _run(ctx, "checkout", [*git, "checkout", "--quiet", sha], umask=CHECKOUT_UMASK).returncode != 0:
             raise StageFailed(f"commit {sha} is not in {url}")
     head = _run(ctx, "checkout", [*git, "rev-parse", "HEAD"]).stdout.strip()
     if not head.startswith(sha):
