@@ -382,3 +382,25 @@ def test_exec_prefix_runs_a_command_as_the_tasks_uid(tmp_path: Path, backends: l
     assert probe.stdout.strip() == uid != "0"
     with pytest.raises(PlatformError):
         b.exec_prefix("never-launched")
+
+
+def test_releasing_a_uid_does_not_wait_on_its_zombies() -> None:
+    """A task's child that died but was not reaped (its parent gone first, and init reaping slowly,
+    as in a container) is a zombie of the task's uid: it runs nothing and cannot be killed, so the
+    release must not wait for it (it did, 2 s each, which delayed every stopped job's exit)."""
+    import time
+
+    from apiary.runtime.isolation import kill_uid
+
+    uid = 1999999999  # outside the default task range: no task of a concurrent test has it
+    zombie = subprocess.Popen(["true"], user=uid, group=uid)  # never waited for below: a zombie
+    try:
+        deadline = time.monotonic() + 10
+        while psutil.Process(zombie.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        assert kill_uid(uid, timeout_s=1.0) is True
+        assert time.monotonic() - t0 < 0.5
+    finally:
+        zombie.wait()

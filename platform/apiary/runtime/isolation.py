@@ -106,15 +106,17 @@ def _uids_in_use() -> set[int]:
 def kill_uid(uid: int, timeout_s: float = _KILL_WAIT_S) -> bool:
     """SIGKILL every process whose real, effective or saved uid is ``uid`` (repeatedly, so a
     process forking in a loop is caught too) until none is left; False if some were still
-    there after ``timeout_s``. Never called with uid 0."""
+    there after ``timeout_s``. Zombies do not count: they run nothing, cannot be killed and go
+    when their parent (often init, which may reap slowly in a container) reaps them. Never
+    called with uid 0."""
     if uid <= 0:
         raise ValueError("refusing to kill the processes of uid 0")
     deadline = time.monotonic() + timeout_s
     while True:
         left = 0
-        for proc in psutil.process_iter(["uids"]):
+        for proc in psutil.process_iter(["uids", "status"]):
             uids = proc.info.get("uids")
-            if uids is not None and uid in uids:
+            if uids is not None and uid in uids and proc.info.get("status") != psutil.STATUS_ZOMBIE:
                 left += 1
                 try:
                     proc.send_signal(signal.SIGKILL)
