@@ -535,3 +535,21 @@ def test_list_is_ordered_by_run_id(fake: FakeKubernetes, backend: KubernetesBack
     for i in (2, 0, 1):
         backend.launch(make_task(run_id=f"alice~mnist.a0.train.{i}.t0", index=i))
     assert [s.run_id for s in backend.list()] == [f"alice~mnist.a0.train.{i}.t0" for i in range(3)]
+
+
+def test_a_failed_call_is_logged_without_the_response_body(caplog: pytest.LogCaptureFixture) -> None:
+    """An API error's body may quote the pod spec it refused (env values, a job's secrets): the
+    log line gives its status and Status message only."""
+    from kubernetes.client.exceptions import ApiException
+
+    from apiary.runtime.kubernetes import KubernetesBackend
+
+    def refused() -> None:
+        exc = ApiException(status=422, reason="Unprocessable Entity")
+        exc.body = json.dumps({"kind": "Status", "message": "Pod is invalid",
+                               "details": {"causes": [{"field": "env", "message": "s3cr3t-in-env"}]}})
+        raise exc
+
+    with caplog.at_level("WARNING", logger="apiary.runtime.kubernetes"):
+        KubernetesBackend._run_actions([refused])
+    assert "422 Pod is invalid" in caplog.text and "s3cr3t-in-env" not in caplog.text

@@ -786,7 +786,11 @@ class KubernetesBackend(RuntimeBackend):
         for action in actions:
             try:
                 action()
-            except (PlatformError, *_TRANSPORT_ERRORS, ApiException) as exc:
+            except ApiException as exc:
+                # Its status and message only: str(exc) carries the whole response body, which
+                # may quote the pod spec the call sent (env values, the job's secrets).
+                logger.warning("kubernetes call failed: %s %s", exc.status, _api_message(exc))
+            except (PlatformError, *_TRANSPORT_ERRORS) as exc:
                 logger.warning("kubernetes call failed: %s", exc)
 
     # -- list and watch ----------------------------------------------------------------------
