@@ -13,30 +13,11 @@ import pytest
 from tests.support.fake_apiary import FakeApiary
 
 from apiary.tracking.portal import TaskRoleForm
-from apiary.tracking.prefect_server import new_auth_string, start_prefect_server
 
 pytestmark = pytest.mark.prefect
 
 ROLE = TaskRoleForm(name="train", instances=1, gpus=1, cpu=1, memory_mb=1024, image="python:3.11",
                     commands=["python -c 'print(1)'"])
-
-
-@pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory):
-    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, PREFECT_HOME, temporary_settings
-
-    # Protected, as apiary up runs it: the form's user is trusted only behind Prefect's basic auth.
-    srv = start_prefect_server(tmp_path_factory.mktemp("prefect-server"), auth_string=new_auth_string())
-    client_home = tmp_path_factory.mktemp("prefect-client")
-    try:
-        with temporary_settings(updates={PREFECT_API_URL: srv.api_url, PREFECT_HOME: str(client_home),
-                                         PREFECT_API_AUTH_STRING: srv.auth_string}):
-            yield srv.api_url
-            from prefect.logging.handlers import APILogWorker
-
-            APILogWorker.drain_all(timeout=5)  # ship queued flow logs before the server goes away
-    finally:
-        srv.stop()
 
 
 @pytest.fixture

@@ -28,8 +28,6 @@ from typing import Any
 
 import pytest
 
-from apiary.tracking.prefect_server import new_auth_string, start_prefect_server
-
 pytestmark = pytest.mark.prefect
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,23 +69,6 @@ class Recorder:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-@pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory) -> Iterator[str]:
-    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, PREFECT_HOME, temporary_settings
-
-    srv = start_prefect_server(tmp_path_factory.mktemp("prefect-server"), auth_string=new_auth_string())
-    client_home = tmp_path_factory.mktemp("prefect-client")
-    try:
-        with temporary_settings(updates={PREFECT_API_URL: srv.api_url, PREFECT_HOME: str(client_home),
-                                         PREFECT_API_AUTH_STRING: srv.auth_string}):
-            yield srv.api_url
-            from prefect.logging.handlers import APILogWorker
-
-            APILogWorker.drain_all(timeout=5)
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")
