@@ -123,7 +123,6 @@ class NodeAgent:
         self.record_problem: str | None = None
         self._record_probed = float("-inf")
         self._sent_problem: str | None = None
-        self._launched: set[str] = set()  # runs the backend launched (or re-adopted) for this agent
 
     # ------------------------------------------------------------------ main loops
     async def run(self, stop: asyncio.Event) -> None:
@@ -246,19 +245,12 @@ class NodeAgent:
             labels, launch = a.get("labels"), a.get("launch")
             if isinstance(labels, dict) and isinstance(launch, dict):
                 self._labels[run_id] = {**labels, "gpus": list(launch.get("gpus") or [])}
-        # Probe the recording only when something may be launched for the first time (a run this
-        # agent has not launched yet; the backend's own record decides, below, if it is new).
-        fresh = any(a.get("desired") == "RUN" and r not in self._launched and r not in self._tombstones
-                    and r not in self._failed for r, a in wanted.items())
-        problem = self.check_recording(0.0) if fresh else None
+        # No write probe before launching: a backend writes its run record before it starts
+        # anything and refuses the launch when it cannot, and _launch then defers the run.
         for run_id, a in wanted.items():
             if run_id in self._tombstones or run_id in self._failed:
                 continue
             if a.get("desired") == "RUN":
-                if problem is not None and run_id not in self._launched and self._status_or_none(run_id) is None:
-                    logger.warning("node=%s run=%s not launched: the node cannot record runs (%s)",
-                                   self.node, run_id, problem)
-                    continue
                 self._launch(run_id, a)
                 continue
             try:
@@ -286,12 +278,6 @@ class NodeAgent:
                     self._stop_async(st.run_id)
                 except Exception as exc:
                     logger.error("node=%s run=%s stop failed: %s", self.node, st.run_id, describe_error(exc))
-
-    def _status_or_none(self, run_id: str) -> TaskStatus | None:
-        try:
-            return self.backend.status(run_id)
-        except Exception:  # status() should never raise; if it does, launch() decides
-            return None
 
     def _launch(self, run_id: str, a: dict) -> None:
         """Launch one ``RUN`` assignment. An UnavailableError (the runtime is away) defers it to the
@@ -322,7 +308,6 @@ class NodeAgent:
                 started_at=now, finished_at=now,
             )
         else:
-            self._launched.add(run_id)
             if st.state == "running" and a.get("probes") and not self.backend.runs_probes:
                 try:
                     self._watch_probes(run_id, a["probes"], st, launch)
@@ -502,7 +487,6 @@ class NodeAgent:
             if s.run_id in acked and s.state == "exited":
                 # The control plane has the exit: never launch this run again, drop local state.
                 self._tombstones.add(s.run_id)
-                self._launched.discard(s.run_id)
                 self._failed.pop(s.run_id, None)
                 self._labels.pop(s.run_id, None)
                 self._liveness_failed.pop(s.run_id, None)
