@@ -406,3 +406,12 @@ def test_rows_from_before_body_hashes_stay_and_do_not_collide(tmp_path: Path) ->
         assert set(h.deliveries()) == {"old-1", "old-2", "new"}
     finally:
         h.engine.dispose()
+
+
+def test_a_signed_body_with_a_lone_surrogate_is_400_not_500(h: Harness, starter: FakeStarter) -> None:
+    """``"\\ud800"`` is valid JSON but no UTF-8 text: stored as the delivery's action it failed the
+    insert with a UnicodeEncodeError, a 500."""
+    body = b'{"action": "\\ud800", "number": 1, "pull_request": {}, "repository": {}}'
+    r = h.deliver("pull_request", body, delivery="surrogate")
+    assert r.status_code == 400 and r.json()["field"] == "body" and "surrogate" in r.json()["message"], r.text
+    assert h.deliveries() == {} and starter.calls == []

@@ -26,10 +26,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
+
+from apiary.spec import safeyaml
 
 SIGNATURE_PREFIX = "sha256="
 PR_ACTIONS = frozenset({"opened", "synchronize", "reopened", "ready_for_review"})
@@ -53,11 +54,6 @@ EVENT_SHAPES: Mapping[str, Mapping[str, str]] = {
     "ping": {"zen": "string", "hook_id": "integer", "hook": "object"},
 }
 
-# A JSON string (an escape takes the next byte whatever it is), a bracket, or a quote that opens
-# no complete string (the rest of the body is then an unterminated string: nothing to count).
-_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]|"', re.DOTALL)
-
-
 class PayloadError(ValueError):
     """A signed body Apiary does not read as a payload; ``field`` names what is wrong (``body``),
     ``reason`` why."""
@@ -69,30 +65,17 @@ class PayloadError(ValueError):
 
 
 def json_depth(body: bytes, limit: int = MAX_JSON_DEPTH) -> int:
-    """How deep ``body``'s arrays and objects nest (0: a scalar), counting brackets outside strings
-    with no recursion; stops counting past ``limit`` (returns ``limit + 1``). Linear in the body's
-    length; does not validate the JSON (an unterminated string ends the count)."""
-    depth = deepest = 0
-    for match in _JSON_TOKEN.finditer(body):
-        token = match.group()
-        if token in (b"[", b"{"):
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > limit:
-                    return deepest
-        elif token in (b"]", b"}"):
-            depth -= 1
-        elif token == b'"':
-            break
-    return deepest
+    """How deep ``body``'s arrays and objects nest: :func:`apiary.spec.safeyaml.json_depth` of its
+    text (undecodable bytes replaced; :func:`parse_payload` refuses them after)."""
+    return safeyaml.json_depth(body.decode("utf-8", "replace"), limit)
 
 
 def parse_payload(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any]:
     """``body`` (UTF-8 JSON, as GitHub sends with content type ``application/json``) as a dict.
 
     Raises :class:`PayloadError` (field ``body``) when it nests deeper than ``max_depth`` levels
-    (checked before it is parsed), is not JSON, or is not a JSON object."""
+    (checked before it is parsed), is not JSON, is not a JSON object, or holds a lone surrogate
+    (``"\\ud800"``: valid JSON, but no UTF-8 text can store it)."""
     if json_depth(body, max_depth) > max_depth:
         raise PayloadError("body", f"JSON nested deeper than {max_depth} levels")
     try:
@@ -101,6 +84,10 @@ def parse_payload(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any
         raise PayloadError("body", f"not JSON (set the webhook's content type to application/json): {exc}") from exc
     if not isinstance(payload, dict):
         raise PayloadError("body", "not a JSON object")
+    try:
+        json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise PayloadError("body", "holds a lone surrogate escape (not UTF-8 text)") from None
     return payload
 
 

@@ -94,8 +94,10 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 #: What JSON allows before a value (RFC 8259 section 2), plus the BOM that json.loads refuses.
 _JSON_SPACE = " \t\r\n\ufeff"
-#: A JSON string or a bracket; possessive, so an unterminated string is scanned once, not per quote.
-_JSON_TOKEN = re.compile(r'"(?:[^"\\]++|\\.)*+"|[\[\]{}]', re.DOTALL)
+#: A JSON string (an escape takes the next character whatever it is), a bracket, or a quote that
+#: opens no complete string: the rest is then an unterminated string, nothing more to count. The
+#: unrolled string pattern fails in one pass, and the lone quote ends the scan, so it stays linear.
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]|"', re.DOTALL)
 
 
 class _DuplicateKeyError(ValueError):
@@ -109,22 +111,26 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return data
 
 
-def _json_depth_within(text: str, max_depth: int) -> bool:
-    """Whether the brackets of ``text`` outside JSON strings nest at most ``max_depth`` deep.
-
-    Checked before ``json.loads``, whose C scanner recurses once per level (100,000 levels raise
-    RecursionError). Stops at the first bracket past the limit, so ``[`` * 10**6 costs 65 steps.
-    """
-    depth = 0
+def json_depth(text: str, limit: int) -> int:
+    """How deep ``text``'s JSON arrays and objects nest (0: a scalar), counting brackets outside
+    strings with no recursion; stops past ``limit`` (returns ``limit + 1``), so ``[`` * 10**6 costs
+    ``limit + 1`` steps. Linear in the length; validates nothing (an unterminated string ends the
+    count). Checked before ``json.loads``, whose C scanner recurses once per level (100,000 levels
+    raise RecursionError)."""
+    depth = deepest = 0
     for match in _JSON_TOKEN.finditer(text):
         token = match.group()
         if token in ("[", "{"):
             depth += 1
-            if depth > max_depth:
-                return False
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    return deepest
         elif token in ("]", "}"):
             depth -= 1
-    return True
+        elif token == '"':
+            break
+    return deepest
 
 
 def _check_json(data: Any, *, field: str, what: str, max_nodes: int) -> None:
@@ -390,7 +396,7 @@ def load(
         except UnicodeDecodeError as exc:
             raise ValidationError(field, f"{what} is not UTF-8 text: {exc}") from None
     json_text = text.lstrip(_JSON_SPACE)
-    if json_text[:1] in ("{", "[") and _json_depth_within(json_text, max_depth):
+    if json_text[:1] in ("{", "[") and json_depth(json_text, max_depth) <= max_depth:
         try:
             data = json.loads(json_text, object_pairs_hook=_unique_pairs, parse_constant=str)
         except ValueError:  # JSONDecodeError, a duplicate key, an int past 4,300 digits: read as YAML
