@@ -404,3 +404,15 @@ def test_releasing_a_uid_does_not_wait_on_its_zombies() -> None:
         assert time.monotonic() - t0 < 0.5
     finally:
         zombie.wait()
+
+
+def test_a_run_recorded_before_the_started_slot_reads_lost_not_unlaunched(tmp_path: Path) -> None:
+    """An agent upgraded over a run of the older layout (launch.json without task_uid, no started
+    slot) whose wrapper ran and died unrecorded: lost, as before. Reading it as never launched would
+    let the agent start it a second time."""
+    backend = ProcessBackend(tmp_path / "state")
+    run_dir = tmp_path / "state" / "bob~old.a0.train.0.t0"
+    run_dir.mkdir()
+    (run_dir / "launch.json").write_text(json.dumps({"run_id": run_dir.name, "commands": ["true"]}))
+    st = backend.status(run_dir.name)
+    assert st is not None and st.state == "exited" and st.lost

@@ -139,7 +139,7 @@ EXIT_SLOT = 32
 _WRAPPER = r"""# Apiary task wrapper (generated; see apiary.runtime.process).
 # $1 run directory, $2 the commands, $3 bash, then the command that switches to the task's uid.
 run_dir="$1"; script="$2"; bash="$3"; shift 3
-printf '%s %s' "$$" "$EPOCHREALTIME" 1<>"$run_dir/started"
+printf '%s %s' "$$" "${EPOCHREALTIME:-$(date +%s)}" 1<>"$run_dir/started"
 trap ':' TERM INT HUP
 "$@" "$bash" -c 'while IFS= read -r -d "" kv; do export "$kv" 2>/dev/null; done <&3; exec 3<&-; exec "$0" "$1"' \
   "$bash" "$script" 3<"$run_dir/env" </dev/null
@@ -489,7 +489,9 @@ class ProcessBackend(RuntimeBackend):
         """The run's status; ``None`` when it never started (module doc: not launched)."""
         run_id = run_dir.name
         meta = _read_json(run_dir / "meta.json")
-        started = _read_started(run_dir / "started")
+        # The started slot is read only when meta.json is missing (the agent died before it): one
+        # file fewer per run on every list(), which the agent calls several times a second.
+        started = None if meta else _read_started(run_dir / "started")
         pid = meta.get("pid") if meta else (started[0] if started else None)
         started_at = meta.get("started_at") if meta else (started[1] if started else None)
         stop = _read_json(run_dir / "stop.json")
@@ -528,7 +530,11 @@ class ProcessBackend(RuntimeBackend):
         if recorded is not None:
             return exited(*recorded)
         if meta is None and started is None and stop is None:
-            return None  # its wrapper never ran: not launched
+            launched = _read_json(run_dir / "launch.json")
+            # Its wrapper never ran: not launched. A run recorded by a version without the started
+            # slot (its launch.json has no task_uid) reads as lost below, as it did then.
+            if launched is None or "task_uid" in launched:
+                return None
         if stop is not None:
             # The wrapper died with the task (SIGKILL): the code is the signal that stop() sent.
             sig = _SIGNALS.get(str(stop.get("signal")), signal.SIGKILL)
