@@ -233,3 +233,45 @@ def test_error_codes_name_what_is_missing(world: World) -> None:
         assert (r.status_code, r.json()["code"]) == (404, code), (path, r.text)
     r = c.post("/api/v2/users", json={"username": "alice"}, headers=h["admin"])
     assert (r.status_code, r.json()["code"]) == (409, "ConflictUserError")
+
+
+def test_two_admins_removing_each_other_at_once_leave_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last-admin check and the delete are one step: with the check's read slowed down, two
+    deletes that each see the other admin still there would otherwise both commit."""
+    import threading
+    import time
+
+    from apiary.auth import directory as directory_module
+    from apiary.errors import LastAdminError
+
+    engine = make_engine(f"sqlite:///{tmp_path}/admins.db")
+    migrate(engine)
+    directory = Directory(session_factory(engine))
+    directory.create_group("admins", admin=True)
+    for name in ("root", "alice"):
+        directory.create_user(name, groups=["admins"])
+    read = directory_module._admin_memberships
+
+    def slow_read(s):  # noqa: ANN001, ANN202 - the session, the rows
+        rows = read(s)
+        time.sleep(0.3)
+        return rows
+
+    monkeypatch.setattr(directory_module, "_admin_memberships", slow_read)
+    refused: list[str] = []
+
+    def delete(name: str) -> None:
+        try:
+            directory.delete_user(name)
+        except LastAdminError:
+            refused.append(name)
+
+    threads = [threading.Thread(target=delete, args=(n,)) for n in ("root", "alice")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive()
+    assert len(refused) == 1
+    assert [u["name"] for u in directory.list_users()] == refused
+    engine.dispose()

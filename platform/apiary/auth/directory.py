@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
@@ -62,22 +61,25 @@ def _token_info(row: Token) -> dict:
             "created": row.created, "expires": row.expires, "revoked": row.revoked}
 
 
-def admins(s: Session, *, without_user: str | None = None, without_group: str | None = None,
-           without_member: tuple[str, str] | None = None) -> set[str]:
-    """The users who are admins (members of a group with ``admin`` set), as they would be without
-    user ``without_user``, group ``without_group`` or the membership ``(group, user)``."""
+def _admin_memberships(s: Session) -> list[tuple[str, str]]:
+    """``(group, user)`` for every member of a group with ``admin`` set."""
     rows = s.execute(select(GroupMember.group, GroupMember.user)
                      .join(Group, Group.name == GroupMember.group).where(Group.admin.is_(True)))
-    return {user for group, user in rows
-            if user != without_user and group != without_group and (group, user) != without_member}
+    return [(group, user) for group, user in rows]
 
 
-def _keep_an_admin(s: Session, change: str, **without: Any) -> None:
+def _keep_an_admin(s: Session, change: str, *, without_user: str | None = None, without_group: str | None = None,
+                   without_member: tuple[str, str] | None = None) -> None:
     """Raise LastAdminError when ``change`` (described for the message) would leave no admin
-    where there is one now: with none, nobody could manage users, groups or tokens again until
-    an operator re-seeds the admin (``apiary up`` bootstrap)."""
-    now = admins(s)
-    if now and not admins(s, **without):
+    where there is one now, that is without user ``without_user``, group ``without_group`` or the
+    membership ``(group, user)``: with none, nobody could manage users, groups or tokens again
+    until an operator re-seeds the admin (``apiary up`` bootstrap). Callers hold
+    ``Directory._admin_writes`` from this check to their commit."""
+    rows = _admin_memberships(s)
+    now = {user for _, user in rows}
+    after = {user for group, user in rows
+             if user != without_user and group != without_group and (group, user) != without_member}
+    if now and not after:
         raise LastAdminError(
             f"{change} would leave no admin (the admins now: {', '.join(sorted(now))}); nobody could then "
             f"manage users, groups or tokens. Make another user an admin first "
@@ -97,6 +99,9 @@ class Directory:
         self._ttl = cache_ttl_s
         self._cache: dict[str, tuple[str, Principal, float]] = {}
         self._lock = threading.Lock()
+        # Held from the last-admin check to the commit of a write that may remove an admin: two
+        # admins removing each other at once would otherwise both see the other still there.
+        self._admin_writes = threading.Lock()
 
     # ------------------------------------------------------------------ verification
     def authenticate(self, token: str | None) -> Principal:
@@ -207,7 +212,7 @@ class Directory:
     def delete_user(self, name: str) -> None:
         """Delete the user, their memberships, and revoke their tokens. Their jobs stay. Raises
         NoUserError, LastAdminError (``name`` is the last admin)."""
-        with self._sessions() as s, store_errors("delete user"):
+        with self._admin_writes, self._sessions() as s, store_errors("delete user"):
             if s.get(User, name) is None:
                 raise NoUserError(f"User {name} not found.")
             _keep_an_admin(s, f"Deleting user {name}", without_user=name)
@@ -264,7 +269,7 @@ class Directory:
     def delete_group(self, name: str) -> None:
         """Delete the group, its memberships and grants. Raises NoGroupError, LastAdminError (an
         admin group whose members are the last admins)."""
-        with self._sessions() as s, store_errors("delete group"):
+        with self._admin_writes, self._sessions() as s, store_errors("delete group"):
             if s.get(Group, name) is None:
                 raise NoGroupError(f"Group {name} not found.")
             _keep_an_admin(s, f"Deleting group {name}", without_group=name)
@@ -277,7 +282,7 @@ class Directory:
     def set_member(self, group: str, user: str, member: bool = True) -> dict:
         """Add ``user`` to ``group`` (or remove them). Idempotent. Raises NoGroupError,
         NoUserError, LastAdminError (removing the last admin from the last admin group they are in)."""
-        with self._sessions() as s, store_errors("group membership"):
+        with self._admin_writes, self._sessions() as s, store_errors("group membership"):
             if s.get(Group, group) is None:
                 raise NoGroupError(f"Group {group} not found.")
             if s.get(User, user) is None:
