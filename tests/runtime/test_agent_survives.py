@@ -202,24 +202,6 @@ def test_an_agent_that_cannot_record_launches_nothing_and_says_so(tmp_path: Path
     run_agent(agent, scenario)
 
 
-def test_a_backends_own_can_record_answer_is_used() -> None:
-    from apiary.runtime.agent import recording_problem
-
-    class Says:
-        def __init__(self, answer: object) -> None:
-            self.answer = answer
-
-        def can_record(self) -> object:
-            if isinstance(self.answer, Exception):
-                raise self.answer
-            return self.answer
-
-    assert recording_problem(Says(True)) is None  # type: ignore[arg-type]
-    assert recording_problem(Says("the disk is full")) == "the disk is full"  # type: ignore[arg-type]
-    assert recording_problem(Says(False))  # type: ignore[arg-type]
-    assert "OSError" in recording_problem(Says(OSError(28, "No space left on device")))  # type: ignore[arg-type]
-
-
 @pytest.mark.parametrize("secret", [SECRET, "x" * 600])
 def test_describe_error_blanks_secrets_and_stays_short(secret: str) -> None:
     from apiary.runtime.agent import describe_error

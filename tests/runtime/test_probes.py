@@ -536,3 +536,21 @@ def test_busybox_liveness_example_with_process_backend(tmp_path):
     finally:
         backend.stop(run_id, 0.5)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_exec_probes_run_inside_a_docker_tasks_container_and_nowhere_else(monkeypatch: pytest.MonkeyPatch):
+    """The agent runs a job's exec probe behind the backend's exec_prefix: ``docker exec`` into the
+    run's container for the Docker runtime (it ran on the host, as the agent's root, before), and a
+    refusal from a backend that cannot say where the task runs."""
+    from apiary.errors import PlatformError
+    from apiary.runtime.base import RuntimeBackend
+    from apiary.runtime.docker import DockerBackend, container_name
+
+    run_id = "alice~p.a0.train.0.t0"
+    monkeypatch.setattr("apiary.runtime.docker.shutil.which", lambda name: f"/usr/bin/{name}")
+    docker = object.__new__(DockerBackend)  # exec_prefix needs no daemon
+    assert docker.exec_prefix(run_id) == ["/usr/bin/docker", "exec", container_name(run_id)]
+    with pytest.raises(PlatformError):
+        docker.exec_prefix("../etc")
+    with pytest.raises(PlatformError):
+        RuntimeBackend.exec_prefix(docker, run_id)  # the default: refuse

@@ -44,7 +44,7 @@ from apiary.errors import UnavailableError, ValidationError
 from apiary.lifecycle import EXIT_LAUNCH_FAILED, EXIT_LIVENESS_FAILED
 from apiary.procutil import write_probe
 from apiary.runtime.base import RuntimeBackend, TaskLaunch, TaskStatus
-from apiary.runtime.probes import Prober, monotonic_from_wall, probes_from_wire
+from apiary.runtime.probes import ExecAction, Prober, monotonic_from_wall, probes_from_wire
 
 if TYPE_CHECKING:  # imported for real in run_agents: agents without metrics never load it
     from apiary.monitoring import NodeExporter
@@ -337,13 +337,15 @@ class NodeAgent:
         except ValidationError as e:  # a malformed probe never blocks the task itself
             logger.error("node=%s run=%s bad probes: %s", self.node, run_id, e.message)
             return
-        # watch() ignores repeats, so re-adopted runs are covered too; the schedule counts from the
-        # run's real start.
-        # An exec probe is a job's command: it runs as the task's uid (the backend's exec_prefix),
-        # never as the agent's user; a backend that cannot say which uid raises, and the probe is
-        # then not watched rather than run as root.
-        exec_prefix = getattr(self.backend, "exec_prefix", None)
-        prefix = exec_prefix(run_id) if exec_prefix is not None else []
+        # Every reconcile re-launches (idempotently) the runs it lists: a watched run is left as it is.
+        # A re-adopted run is watched here the first time; the schedule counts from its real start.
+        if self.prober.state(run_id) is not None:
+            return
+        # An exec probe is a job's command: it runs where and as the task runs (the backend's
+        # exec_prefix), never as the agent's user; a backend that cannot say raises, and the
+        # probes are then not watched rather than run as root.
+        exec_probe = any(isinstance(p.action, ExecAction) for p in (live, ready) if p is not None)
+        prefix = self.backend.exec_prefix(run_id) if exec_probe else []
         self.prober.watch(run_id, live, ready, started_at_monotonic=monotonic_from_wall(st.started_at),
                           env=launch.env, cwd=launch.workdir or self.workdir, exec_prefix=prefix)
 
@@ -601,23 +603,11 @@ def make_backend(runtime: str, state_dir: Path, node: str, image_map: dict[str, 
 
 
 def recording_problem(backend: RuntimeBackend) -> str | None:
-    """Why ``backend`` cannot record runs now, or None when it can.
-
-    A backend with ``can_record()`` answers itself (True or None: it can; False or a reason
-    string: it cannot; raising: it cannot, the error says why). Otherwise, for a backend with a
-    ``state_dir``, RECORD_PROBE_BYTES are written to a new file there and removed: a directory
-    that is not writable or a disk with no free block fails it (the file systems Apiary runs on
-    reserve a write's blocks when it is made, so no fsync is needed; a hidden name, never a run
-    id). A backend with neither is assumed to record."""
-    can_record = getattr(backend, "can_record", None)
-    if callable(can_record):
-        try:
-            answer = can_record()
-        except Exception as exc:
-            return describe_error(exc)
-        if answer is True or answer is None:
-            return None
-        return answer if isinstance(answer, str) and answer else "the runtime backend says it cannot record runs"
+    """Why ``backend`` cannot record runs now, or None when it can: for a backend with a
+    ``state_dir``, RECORD_PROBE_BYTES are written to a new file there and removed (a directory that
+    is not writable or a disk with no free block fails it; the file systems Apiary runs on reserve
+    a write's blocks when it is made, so no fsync is needed; a hidden name, never a run id). A
+    backend without one is assumed to record."""
     state_dir = getattr(backend, "state_dir", None)
     if state_dir is None:
         return None

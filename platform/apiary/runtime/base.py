@@ -19,10 +19,13 @@ Contract shared by every backend:
 
 from __future__ import annotations
 
+import builtins
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+from apiary.errors import PlatformError
 
 RunState = Literal["running", "exited"]
 LogStream = Literal["stdout", "stderr"]
@@ -159,6 +162,13 @@ class RuntimeBackend(ABC):
     def log_path(self, run_id: str, stream: LogStream) -> Path | None:
         """Path of the run's captured ``stdout`` or ``stderr`` (a growing file), or ``None``
         if the run is unknown or the backend keeps no local file for it."""
+
+    def exec_prefix(self, run_id: str) -> builtins.list[str]:
+        """The argv prefix that runs a command the job defines but the agent starts (an exec
+        probe) where and as the run's task runs: ``[*prefix, *command]``. Fast (reads a record).
+        This default raises :class:`apiary.errors.PlatformError`: a backend that cannot say
+        refuses, rather than let a job's command run as the agent's user."""
+        raise PlatformError(f"the {self.name} runtime cannot run {run_id}'s commands as its task")
 
     @abstractmethod
     def forget(self, run_id: str) -> None:

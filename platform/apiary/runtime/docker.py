@@ -44,10 +44,12 @@ pull of a missing image (the registry is on loopback; bounded by the client's ti
 
 from __future__ import annotations
 
+import builtins
 import calendar
 import hashlib
 import logging
 import re
+import shutil
 import threading
 import time
 from dataclasses import asdict
@@ -382,6 +384,15 @@ class DockerBackend(RuntimeBackend):
             pass
         except docker.errors.DockerException as exc:
             logger.warning("node=%s run=%s container not removed: %s", self.node, run_id, exc)
+
+    def exec_prefix(self, run_id: str) -> builtins.list[str]:
+        """``docker exec <the run's container>``: a job's exec probe runs inside its container, as
+        the task does, never on the host. Raises :class:`PlatformError` for a bad ``run_id`` or
+        when the ``docker`` CLI is not on PATH."""
+        docker_cli = shutil.which("docker")
+        if not RUN_ID_RE.fullmatch(run_id or "") or docker_cli is None:
+            raise PlatformError(f"cannot run {run_id}'s commands in its container: no docker CLI (or a bad run id)")
+        return [docker_cli, "exec", container_name(run_id)]
 
     def forget(self, run_id: str) -> None:
         """Drop a finished run from :meth:`list`: its final status is recorded, its container
