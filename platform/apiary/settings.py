@@ -39,6 +39,17 @@ def ensure_cluster_id(home: Path) -> str:
     return path.read_text(encoding="utf-8").strip()
 
 
+def parse_uid_range(text: str) -> tuple[int, int]:
+    """``"first-last"`` -> ``(first, last)``. Raises ValueError naming the rule."""
+    first, sep, last = text.partition("-")
+    if not sep or not first.strip().isdigit() or not last.strip().isdigit():
+        raise ValueError(f"task uid range {text!r} must be 'first-last'")
+    lo, hi = int(first), int(last)
+    if not 0 < lo <= hi < 2**32 - 1:
+        raise ValueError(f"task uid range {text!r} must satisfy 0 < first <= last < 4294967295")
+    return lo, hi
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="APIARY_", extra="ignore")
 
@@ -112,9 +123,7 @@ class Settings(BaseSettings):
     @field_validator("task_uids")
     @classmethod
     def _uid_range(cls, value: str) -> str:
-        first, _, last = value.partition("-")
-        if not (first.strip().isdigit() and last.strip().isdigit()) or not 0 < int(first) <= int(last) < 2**32 - 1:
-            raise ValueError("must be 'first-last', two uids with 0 < first <= last < 4294967295")
+        parse_uid_range(value)  # raises ValueError naming the rule
         return value
 
     @property

@@ -67,17 +67,6 @@ _SWEEP = 16  # stale leases reclaimed at most per acquire
 _ALLOC_LOCK = threading.Lock()
 
 
-def parse_uid_range(text: str) -> tuple[int, int]:
-    """``"first-last"`` -> ``(first, last)``. Raises ValueError naming the rule."""
-    first, sep, last = text.partition("-")
-    if not sep or not first.strip().isdigit() or not last.strip().isdigit():
-        raise ValueError(f"task uid range {text!r} must be 'first-last'")
-    lo, hi = int(first), int(last)
-    if not 0 < lo <= hi < 2**32 - 1:
-        raise ValueError(f"task uid range {text!r} must satisfy 0 < first <= last < 4294967295")
-    return lo, hi
-
-
 def _mapped(lo: int, hi: int, uid_map: str | None = None) -> bool:
     """True if every uid in ``lo..hi`` is mapped in this process's user namespace."""
     if uid_map is None:

@@ -93,7 +93,7 @@ import psutil
 from apiary.errors import PlatformError, ValidationError
 from apiary.runtime.base import LogStream, RuntimeBackend, TaskLaunch, TaskStatus
 from apiary.runtime.env import gpu_env
-from apiary.runtime.isolation import TaskIdentity, UidPool, grant_search, parse_uid_range
+from apiary.runtime.isolation import TaskIdentity, UidPool, grant_search
 from apiary.runtime.records import open_private as _open_private
 from apiary.runtime.records import preallocate_slot as _preallocate_slot
 from apiary.runtime.records import private_dir as _private_dir
@@ -102,6 +102,7 @@ from apiary.runtime.records import read_slot as _read_slot
 from apiary.runtime.records import valid_run_id as _valid_run_id
 from apiary.runtime.records import write_atomic as _write_atomic
 from apiary.runtime.records import write_slot as _write_slot
+from apiary.settings import parse_uid_range
 
 logger = logging.getLogger(__name__)
 
