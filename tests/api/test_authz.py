@@ -354,6 +354,7 @@ def test_every_operation_of_the_openapi_document_for_every_principal(shared: Wor
     ops = operations(shared.client)
     cases: list[tuple[str, str, frozenset[str], Make]] = []
     problems: list[str] = []
+    assert ops, "the OpenAPI document lists no operation: the test would check nothing"
     for method, path, op in ops:
         if (method, path) not in ACCESS:
             problems.append(f"{method} {path}: no row in apiary.api.access.ACCESS")
@@ -386,7 +387,6 @@ def test_every_operation_of_the_openapi_document_for_every_principal(shared: Wor
             if got != want:
                 problems.append(f"{method} {path} {sorted(parts) or ''} as {who}: {status}, the table says {want}")
     assert problems == []
-    assert len(cases) >= len(ops)
 
 
 def app_routes(routes: list[Any]) -> Iterator[tuple[str, set[str] | None]]:
