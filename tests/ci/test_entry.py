@@ -350,6 +350,27 @@ def test_run_streams_logs_and_reports_a_passing_pipeline(tmp_path):
     assert [s["stage"] for s in stages["stages"]] == list(CI_STAGES)
 
 
+def test_logs_shipped_a_batch_interval_after_the_final_state_are_still_streamed(tmp_path):
+    """A flow that ends between two of Prefect's log batches: the run reads Completed before any of
+    its logs, which land 3.5 s later (the 2 s batch interval and a busy machine). The tail waits for
+    LOG_QUIET_S without a log, not for a count of empty polls, and stops by LOG_DRAIN_S."""
+    fake = FakePrefect(states=["COMPLETED"])
+    unit = task_run("unit")
+    fake.task_runs = [unit]
+    fake.logs = [(3.5, log("stand-in stage unit running", 0.5, unit.id)),
+                 (3.5, log("Finished in state Completed()", 1))]
+
+    code, out = _run(fake, tmp_path)
+
+    assert code == 0
+    assert "unit | stand-in stage unit running" in out and "flow | Finished in state Completed()" in out
+    assert 3.5 + entry.LOG_QUIET_S <= fake.now <= entry.LOG_DRAIN_S + 1
+    fake_late = FakePrefect(states=["COMPLETED"])  # a log every second forever: the drain still ends
+    fake_late.logs = [(t, log(f"tick{t}", t)) for t in range(100)]
+    code, _ = _run(fake_late, tmp_path / "late")
+    assert code == 0 and fake_late.now <= entry.LOG_DRAIN_S + 1
+
+
 def test_run_names_the_failed_stage_and_exits_1(tmp_path):
     fake = FakePrefect(states=["RUNNING", "FAILED"])
     fake.task_runs = [task_run("checkout"), task_run("unit", "FAILED", 2)]

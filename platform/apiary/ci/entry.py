@@ -60,10 +60,12 @@ DEFAULT_TIMEOUT_S = 3600.0
 DEFAULT_POLL_S = 2.0
 #: Prefect ships logs in batches (every 2 s by default, PREFECT_LOGGING_TO_API_BATCH_INTERVAL), so
 #: a log can arrive after one with a later timestamp, and after the run's final state: each poll
-#: looks back this far behind the newest log seen, and the tail keeps polling this long after the
-#: final state for the last batch.
+#: looks back this far behind the newest log seen. After the final state the tail keeps polling
+#: until no log has come for LOG_QUIET_S (two batch intervals: a batch in flight when the state
+#: turned final lands within one), at most LOG_DRAIN_S.
 LOG_LOOKBACK_S = 15.0
-LOG_DRAIN_S = 5.0
+LOG_QUIET_S = 4.0
+LOG_DRAIN_S = 15.0
 #: Prefect unreachable for this long while following a run is exit 2 (a blip is retried).
 UNREACHABLE_GRACE_S = 120.0
 _SHA = re.compile(r"^[0-9a-fA-F]{40}$")
@@ -467,7 +469,7 @@ def follow(client: Any, entry: EntryPoint, flow_run_id: str, out: TextIO, *, tim
     state: Any = None
     timed_out = False
     drain_until: float | None = None
-    quiet = 0
+    last_log = clock()
 
     def show(logs: list[Any]) -> None:
         if any(log.task_run_id and log.task_run_id not in names for log in logs):
@@ -493,12 +495,14 @@ def follow(client: Any, entry: EntryPoint, flow_run_id: str, out: TextIO, *, tim
                 raise CannotRun(f"lost Prefect for more than {UNREACHABLE_GRACE_S:.0f}s while following flow run "
                                 f"{flow_run_id}: {type(exc).__name__}: {exc}") from exc
             logs = []
+        if logs:
+            last_log = clock()
         if drain_until is not None:  # the run is over: wait for the last batch of its logs
-            quiet = 0 if logs else quiet + 1
-            if quiet >= 2 or clock() >= drain_until:
+            if clock() - last_log >= LOG_QUIET_S or clock() >= drain_until:
                 break
         elif state is not None and _state_type(state) in {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}:
             drain_until = clock() + LOG_DRAIN_S
+            last_log = clock()
         elif clock() >= deadline:
             timed_out = True
             break
