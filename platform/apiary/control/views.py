@@ -6,19 +6,11 @@ pydantic models for ``/docs``.
 
 from __future__ import annotations
 
-import time
-
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from apiary.store.models import Job, Node, Task
-
-
-def iso(ts: float | None) -> str | None:
-    """``2023-11-14T22:13:22.000Z`` for unix seconds ``ts`` (UTC, milliseconds); None stays None."""
-    if ts is None:
-        return None
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int((ts % 1) * 1000):03d}Z"
+from apiary.timefmt import iso
 
 
 def simulated_nodes(s: Session) -> set[str]:

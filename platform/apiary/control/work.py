@@ -12,17 +12,14 @@ store.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from apiary.errors import ConflictError, UnavailableError
 from apiary.lifecycle.reducer import Effects, Input, SchedulerOp, step
 from apiary.store.records import LoadedJob, load_job, load_jobs
+from apiary.store.unit import store_errors
 
 if TYPE_CHECKING:
     from apiary.control.plane import ControlPlane
@@ -36,25 +33,6 @@ class NodeHealth:
 
     node: str
     schedulable: bool
-
-
-@contextmanager
-def store_errors(what: str) -> Iterator[None]:
-    """Turn the store's failures into Apiary errors: a unique-key clash into ConflictError (409), any
-    other SQLAlchemy error (disk full, database locked, server gone) into UnavailableError (503)
-    naming the cause, so clients retry instead of seeing a bare 500."""
-    try:
-        yield
-    except IntegrityError as e:
-        raise ConflictError(f"{what}: conflicting write ({_cause(e)}).") from e
-    except SQLAlchemyError as e:
-        logger.error("store failed during %s: %s", what, _cause(e))
-        raise UnavailableError(f"{what}: the store cannot commit right now ({_cause(e)}); retry later.") from e
-
-
-def _cause(e: SQLAlchemyError) -> str:
-    orig = getattr(e, "orig", None)
-    return str(orig if orig is not None else e).splitlines()[0]
 
 
 class Work:
