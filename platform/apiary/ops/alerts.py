@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from apiary.errors import ApiaryError, ValidationError
+from apiary.ops.alertlog import AlertLog
 from apiary.ops.notifiers import ChatWebhookNotifier, EmailNotifier, Notifier
 from apiary.store.models import Alert
 
@@ -114,16 +115,17 @@ class ActionsConfig(BaseModel):
 class AlertReceiver:
     """Records alerts and runs their actions against a :class:`~apiary.control.ControlPlane`.
 
-    Every write goes through the plane (its lock and transactions: the plane is the store's only
-    writer): :meth:`ControlPlane.record_alert`, ``claim_alert_action`` and ``finish_alert_action``.
+    Alerts and action runs are written to ``log`` (an :class:`~apiary.ops.alertlog.AlertLog` on the
+    plane's store unless given); the actions call the plane's public cordon / stop / tag.
 
     ``notifiers`` maps ``"email"`` / ``"chat"`` to :class:`Notifier` objects (built from the
     config when not given, so tests can pass their own).
     """
 
     def __init__(self, plane, config: ActionsConfig, notifiers: dict[str, Notifier] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, log: AlertLog | None = None) -> None:
         self.plane = plane
+        self.log = log if log is not None else AlertLog(plane.sessions, clock)
         self.config = config
         self.clock = clock
         self.on_alert: list[Callable[[Alert], None]] = []
@@ -160,11 +162,11 @@ class AlertReceiver:
 
     def recent(self, limit: int = 100) -> list[dict]:
         """Newest stored alerts first."""
-        return self.plane.recent_alerts(limit)
+        return self.log.recent_alerts(limit)
 
     def recent_actions(self, limit: int = 100) -> list[dict]:
         """Newest action runs first: ``{alertname, action, target, status, detail, time}``."""
-        return self.plane.recent_alert_actions(limit)
+        return self.log.recent_alert_actions(limit)
 
     def _actions_for(self, labels: dict[str, str]) -> list[str]:
         out: list[str] = []
@@ -174,7 +176,7 @@ class AlertReceiver:
         return out
 
     def _store(self, a: AlertmanagerAlert) -> Alert:
-        return self.plane.record_alert(
+        return self.log.record_alert(
             fingerprint=a.fingerprint or "", alertname=a.labels.get("alertname", ""), status=a.status,
             severity=a.labels.get("severity"), labels=a.labels, annotations=a.annotations,
             starts_at=a.startsAt, ends_at=a.endsAt, received=self.clock(),
@@ -189,7 +191,7 @@ class AlertReceiver:
                     "detail": f"alert has no {'node' if name == 'cordon-node' else 'job'} label"}
         key = {"fingerprint": a.fingerprint, "starts_at": a.startsAt, "action": action, "target": target}
         # The claim is committed before the action runs: a resend stops here (a failed run is retried).
-        if not self.plane.claim_alert_action(alertname=alertname, **key):
+        if not self.log.claim_alert_action(alertname=alertname, **key):
             return None
         try:
             detail, status = self._do(name, arg, target, a), "ok"
@@ -197,7 +199,7 @@ class AlertReceiver:
             detail, status = e.message, "failed"
             logger.warning("alert action failed alert=%s action=%s target=%s: %s", alertname, action, target,
                            e.message)
-        self.plane.finish_alert_action(status=status, detail=detail, **key)
+        self.log.finish_alert_action(status=status, detail=detail, **key)
         logger.info("alert action alert=%s action=%s target=%s status=%s", alertname, action, target, status)
         return {"alertname": alertname, "action": action, "target": target, "status": status, "detail": detail}
 
