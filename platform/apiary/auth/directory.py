@@ -1,9 +1,11 @@
 """Users, groups, grants and tokens in the store, and token verification.
 
 The store is the truth; :class:`Directory` keeps a small cache of verified tokens (token id ->
-principal) for ``cache_ttl_s`` so a request costs no query. Every write through the directory
-clears the cache at once; a write by another process (there is one control plane, so only a
-migration or a manual SQL change) is seen within ``cache_ttl_s``.
+principal) for ``cache_ttl_s`` so a request costs no query. Every write goes through one
+:class:`apiary.store.unit.UnitOfWork` (one commit; a store failure is a 409 ConflictError or a 503
+UnavailableError and changes nothing) and clears the cache only after its commit succeeded; reads
+use :func:`apiary.store.unit.reading`. A write by another process (there is one control plane, so
+only a migration or a manual SQL change) is seen within ``cache_ttl_s``.
 """
 
 from __future__ import annotations
@@ -16,12 +18,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sqlalchemy import delete, select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from apiary.auth import tokens
 from apiary.auth.principal import SERVICES, Kind, Principal
-from apiary.control.work import store_errors
 from apiary.errors import (
     ConflictError,
     ConflictUserError,
@@ -33,6 +33,7 @@ from apiary.errors import (
     ValidationError,
 )
 from apiary.store.models import Group, GroupGrant, GroupMember, Token, User
+from apiary.store.unit import Sessions, UnitOfWork, reading
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ DEFAULT_TOKEN_TTL_S = 90 * 86400.0
 
 
 def check_name(field: str, name: str) -> str:
+    """``name`` unchanged when it matches :data:`NAME_PATTERN` (OpenPAI's rule for user and group
+    names); otherwise ValidationError (400) naming ``field``."""
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise ValidationError(field, f"invalid name {name!r}: 1-64 letters, digits, '_' or '-'")
     return name
@@ -92,7 +95,7 @@ class Directory:
     ConflictUserError (exists), LastAdminError (a change that would leave no admin),
     UnavailableError (503: the store cannot commit)."""
 
-    def __init__(self, sessions: sessionmaker[Session], *, clock: Callable[[], float] = time.time,
+    def __init__(self, sessions: Sessions, *, clock: Callable[[], float] = time.time,
                  cache_ttl_s: float = 5.0) -> None:
         self._sessions = sessions
         self._clock = clock
@@ -132,7 +135,7 @@ class Directory:
         return principal
 
     def _load(self, token_id: str, now: float) -> tuple[str, Principal] | None:
-        with self._sessions() as s:
+        with reading(self._sessions, "verify token") as s:
             row = s.get(Token, token_id)
             if row is None or row.revoked is not None:
                 return None
@@ -159,7 +162,7 @@ class Directory:
     def user_principal(self, name: str) -> Principal:
         """The principal of user ``name`` acting through a service (the Prefect portal's submit).
         Raises NotFoundError for a user that does not exist."""
-        with self._sessions() as s:
+        with reading(self._sessions, "read user") as s:
             if s.get(User, name) is None:
                 raise NoUserError(f"User {name} not found.")
             return self._user_principal(s, name, token_id="", expires=None)
@@ -176,12 +179,12 @@ class Directory:
 
     def list_users(self) -> list[dict]:
         """``[{"name", "email", "groups", "virtualClusters", "admin"}]`` sorted by name."""
-        with self._sessions() as s:
+        with reading(self._sessions, "list users") as s:
             return [self._user_json(s, u) for u in s.scalars(select(User).order_by(User.name))]
 
     def get_user(self, name: str) -> dict:
         """One user as :meth:`list_users` shows them. Raises NotFoundError."""
-        with self._sessions() as s:
+        with reading(self._sessions, "read user") as s:
             u = s.get(User, name)
             if u is None:
                 raise NoUserError(f"User {name} not found.")
@@ -189,30 +192,33 @@ class Directory:
 
     def create_user(self, name: str, *, groups: Iterable[str] = (), email: str | None = None,
                     exist_ok: bool = False) -> dict:
-        """Create user ``name`` in ``groups`` (which must exist)."""
+        """Create user ``name`` in ``groups`` (which must exist); returns it as :meth:`get_user`
+        shows it. ``exist_ok``: an existing user is returned unchanged instead of ConflictUserError."""
         check_name("username", name)
         groups = [check_name("groups", g) for g in groups]
-        with self._sessions() as s, store_errors("create user"):
-            if s.get(User, name) is not None:
+        with UnitOfWork(self._sessions, "create user") as uow:
+            s = uow.s
+            existing = s.get(User, name)
+            if existing is not None:
                 if exist_ok:
-                    return self.get_user(name)
+                    return self._user_json(s, existing)
                 raise ConflictUserError(f"User {name} already exists.")
             for g in groups:
                 if s.get(Group, g) is None:
                     raise NoGroupError(f"Group {g} not found.")
             s.add(User(name=name, email=email, created=self._clock()))
-            s.flush()
+            uow.flush()
             for g in groups:
                 s.add(GroupMember(group=g, user=name))
-            s.commit()
-        self._changed()
+            uow.after_commit(self._changed)
         logger.info("user created name=%s groups=%s", name, ",".join(groups))
         return self.get_user(name)
 
     def delete_user(self, name: str) -> None:
         """Delete the user, their memberships, and revoke their tokens. Their jobs stay. Raises
         NoUserError, LastAdminError (``name`` is the last admin)."""
-        with self._admin_writes, self._sessions() as s, store_errors("delete user"):
+        with self._admin_writes, UnitOfWork(self._sessions, "delete user") as uow:
+            s = uow.s
             if s.get(User, name) is None:
                 raise NoUserError(f"User {name} not found.")
             _keep_an_admin(s, f"Deleting user {name}", without_user=name)
@@ -221,13 +227,12 @@ class Directory:
                                                    Token.revoked.is_(None))):
                 t.revoked = self._clock()
             s.execute(delete(User).where(User.name == name))
-            s.commit()
-        self._changed()
+            uow.after_commit(self._changed)
 
     def list_groups(self, name: str | None = None) -> list[dict]:
         """``[{"name", "admin", "description", "members", "virtualClusters"}]`` sorted by name
         (only group ``name`` if given)."""
-        with self._sessions() as s:
+        with reading(self._sessions, "list groups") as s:
             mq, gq, q = select(GroupMember), select(GroupGrant), select(Group)
             if name is not None:
                 mq, gq, q = mq.where(GroupMember.group == name), gq.where(GroupGrant.group == name), q.where(
@@ -251,38 +256,41 @@ class Directory:
 
     def create_group(self, name: str, *, admin: bool = False, description: str = "",
                      virtual_clusters: Iterable[str] = (), exist_ok: bool = False) -> dict:
-        """Create group ``name`` granting ``virtual_clusters`` (the caller checks they exist)."""
+        """Create group ``name`` granting ``virtual_clusters`` (the caller checks they exist); returns
+        it as :meth:`get_group` shows it. ``exist_ok``: an existing group is returned unchanged
+        instead of ConflictUserError."""
         check_name("groupname", name)
-        with self._sessions() as s, store_errors("create group"):
+        with UnitOfWork(self._sessions, "create group") as uow:
+            s = uow.s
             if s.get(Group, name) is not None:
-                if exist_ok:
-                    return self.get_group(name)
-                raise ConflictUserError(f"Group {name} already exists.")
-            s.add(Group(name=name, admin=admin, description=description, created=self._clock()))
-            s.flush()
-            for vc in sorted(set(virtual_clusters)):
-                s.add(GroupGrant(group=name, virtual_cluster=vc))
-            s.commit()
-        self._changed()
+                if not exist_ok:
+                    raise ConflictUserError(f"Group {name} already exists.")
+            else:
+                s.add(Group(name=name, admin=admin, description=description, created=self._clock()))
+                uow.flush()
+                for vc in sorted(set(virtual_clusters)):
+                    s.add(GroupGrant(group=name, virtual_cluster=vc))
+                uow.after_commit(self._changed)
         return self.get_group(name)
 
     def delete_group(self, name: str) -> None:
         """Delete the group, its memberships and grants. Raises NoGroupError, LastAdminError (an
         admin group whose members are the last admins)."""
-        with self._admin_writes, self._sessions() as s, store_errors("delete group"):
+        with self._admin_writes, UnitOfWork(self._sessions, "delete group") as uow:
+            s = uow.s
             if s.get(Group, name) is None:
                 raise NoGroupError(f"Group {name} not found.")
             _keep_an_admin(s, f"Deleting group {name}", without_group=name)
             s.execute(delete(GroupMember).where(GroupMember.group == name))
             s.execute(delete(GroupGrant).where(GroupGrant.group == name))
             s.execute(delete(Group).where(Group.name == name))
-            s.commit()
-        self._changed()
+            uow.after_commit(self._changed)
 
     def set_member(self, group: str, user: str, member: bool = True) -> dict:
         """Add ``user`` to ``group`` (or remove them). Idempotent. Raises NoGroupError,
         NoUserError, LastAdminError (removing the last admin from the last admin group they are in)."""
-        with self._admin_writes, self._sessions() as s, store_errors("group membership"):
+        with self._admin_writes, UnitOfWork(self._sessions, "group membership") as uow:
+            s = uow.s
             if s.get(Group, group) is None:
                 raise NoGroupError(f"Group {group} not found.")
             if s.get(User, user) is None:
@@ -293,13 +301,13 @@ class Directory:
             elif not member and row is not None:
                 _keep_an_admin(s, f"Removing user {user} from group {group}", without_member=(group, user))
                 s.delete(row)
-            s.commit()
-        self._changed()
+            uow.after_commit(self._changed)
         return self.get_group(group)
 
     def set_grant(self, group: str, virtual_cluster: str, granted: bool = True) -> dict:
         """Grant ``group`` the use of ``virtual_cluster`` (or take it back). Idempotent."""
-        with self._sessions() as s, store_errors("group grant"):
+        with UnitOfWork(self._sessions, "group grant") as uow:
+            s = uow.s
             if s.get(Group, group) is None:
                 raise NoGroupError(f"Group {group} not found.")
             row = s.get(GroupGrant, (group, virtual_cluster))
@@ -307,8 +315,7 @@ class Directory:
                 s.add(GroupGrant(group=group, virtual_cluster=virtual_cluster))
             elif not granted and row is not None:
                 s.delete(row)
-            s.commit()
-        self._changed()
+            uow.after_commit(self._changed)
         return self.get_group(group)
 
     # ------------------------------------------------------------------ tokens
@@ -323,23 +330,22 @@ class Directory:
             raise ValidationError("subject", f"unknown service {subject!r}; one of {', '.join(SERVICES)}")
         minted = tokens.mint()
         now = self._clock()
-        with self._sessions() as s, store_errors("create token"):
-            if kind == "user" and s.get(User, subject) is None:
-                raise NoUserError(f"User {subject} not found.")
-            row = Token(id=minted.id, digest=minted.digest, kind=kind, subject=subject, description=description,
-                        created=now, expires=None if expires_in_s is None else now + expires_in_s)
-            s.add(row)
-            try:
-                s.commit()
-            except IntegrityError as e:  # 48-bit id collision: astronomically rare, still an error
-                raise ConflictError("token id collision; try again") from e
-            info = _token_info(row)
+        try:
+            with UnitOfWork(self._sessions, "create token") as uow:
+                if kind == "user" and uow.s.get(User, subject) is None:
+                    raise NoUserError(f"User {subject} not found.")
+                row = Token(id=minted.id, digest=minted.digest, kind=kind, subject=subject, description=description,
+                            created=now, expires=None if expires_in_s is None else now + expires_in_s)
+                uow.s.add(row)
+                info = _token_info(row)
+        except ConflictError as e:  # 48-bit id collision: astronomically rare, still an error
+            raise ConflictError("token id collision; try again") from e
         logger.info("token created id=%s kind=%s subject=%s", minted.id, kind, subject)
         return NewToken(minted.token, info)
 
     def list_tokens(self, *, kind: Kind | None = None, subject: str | None = None) -> list[dict]:
         """Token metadata (never the secret), newest first."""
-        with self._sessions() as s:
+        with reading(self._sessions, "list tokens") as s:
             q = select(Token).order_by(Token.created.desc())
             if kind:
                 q = q.where(Token.kind == kind)
@@ -348,7 +354,8 @@ class Directory:
             return [_token_info(t) for t in s.scalars(q)]
 
     def token_info(self, token_id: str) -> dict:
-        with self._sessions() as s:
+        """One token's metadata as :meth:`list_tokens` shows it. Raises NoTokenError (404)."""
+        with reading(self._sessions, "read token") as s:
             row = s.get(Token, token_id)
             if row is None:
                 raise NoTokenError(f"Token {token_id} not found.")
@@ -356,15 +363,14 @@ class Directory:
 
     def revoke_token(self, token_id: str) -> dict:
         """Revoke a token (idempotent); it stops working at once in this process."""
-        with self._sessions() as s, store_errors("revoke token"):
-            row = s.get(Token, token_id)
+        with UnitOfWork(self._sessions, "revoke token") as uow:
+            row = uow.s.get(Token, token_id)
             if row is None:
                 raise NoTokenError(f"Token {token_id} not found.")
             if row.revoked is None:
                 row.revoked = self._clock()
-            s.commit()
             info = _token_info(row)
-        self._changed()
+            uow.after_commit(self._changed)
         logger.info("token revoked id=%s", token_id)
         return info
 
