@@ -147,3 +147,29 @@ def test_cluster_status_json(answers, status: dict) -> None:
     result = CliRunner().invoke(cli.app, ["cluster", "status", "--json"])
     assert result.exit_code == 0
     assert json.loads(result.output) == status and shown() == ""
+
+
+def a_task(index: int, **changes) -> dict:
+    return {"taskRole": "worker", "index": index, "state": "RUNNING", "node": "hostname-carol", "gpus": [index],
+            "simulatedGpus": True, "exitCode": None, **changes}
+
+
+def test_job_get_at_80_columns_keeps_every_value_on_its_line(answers) -> None:
+    """The job's own row is a table like ``job list``'s: its retries are ``user 1, platform 2``, never a
+    dict cut over two lines; the id, the states and the nodes are whole; nothing runs past 80."""
+    answers[f"/api/v2/jobs/{LONG_ID}"] = job(
+        LONG_ID, state="RUNNING", retries=3, retryDetails={"user": 1, "platform": 2},
+        tasks=[a_task(0), a_task(1, state="FAILED", node="hostname-dan", exitCode=137, simulatedGpus=False)])
+    result = CliRunner().invoke(cli.app, ["job", "get", LONG_ID])
+    assert result.exit_code == 0, result.output
+    text = shown()
+    assert max(map(len, text.splitlines())) <= 80 and "…" not in text
+    assert "{" not in text and "'" not in text  # no Python dict printed
+    [head] = rows(text)
+    assert (head["id"], head["state"], head["vc"], head["priority"], head["retries"]) == (
+        LONG_ID, "RUNNING", "default", "prod", "user 1, platform 2")
+    tasks = rows(text.split("\n\n")[-1])
+    assert [(t["task"], t["state"], t["node"], t["gpus"], t["exit code"]) for t in tasks] == [
+        ("worker/0", "RUNNING", "hostname-carol (simulated GPUs)", "0", "-"),
+        ("worker/1", "FAILED", "hostname-dan", "1", "137")]
+    assert " ".join(text.split("waiting reason:", 1)[1].split()).startswith(f"{LONG_ID}: {REASON}")

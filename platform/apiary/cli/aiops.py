@@ -1,4 +1,4 @@
-"""``apiary aiops``: failure prediction and anomaly detection on the live platform (issue 14).
+"""``apiary aiops``: failure prediction and anomaly detection on the live platform.
 
 * ``apiary aiops train [--runs 24] [--out FILE]``: fit the failure model on seeded fault-injection
   drill runs (:func:`apiary.aiops.train`; the same generator ``make bench`` evaluates on held-out
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import typer
 
-from apiary.cli.ci import api_client, fail
+from apiary.cli.common import api_client, fail
 from apiary.errors import ApiaryError, UnavailableError
 from apiary.procutil import write_private
 

@@ -5,99 +5,25 @@
   first; ``--json`` prints the API's records as they are.
 
 The platform and the token are the other commands' (``APIARY_API_URL`` / ``APIARY_TOKEN``, else
-the platform ``apiary up`` recorded in ``APIARY_HOME``). The table helpers here serve
-``apiary deploy history`` too: ids and shas are never cut, any other cell is folded, not cropped.
+the platform ``apiary up`` recorded in ``APIARY_HOME``). Ids and shas are never cut, any other
+cell is folded, not cropped (:mod:`apiary.cli.tables`).
 """
 
 from __future__ import annotations
 
 import json
-from datetime import datetime
-from typing import Any, NoReturn
 
 import typer
-from rich import box
 from rich.console import Console
-from rich.table import Column, Table
+from rich.table import Table
 from rich.text import Text
 
+from apiary.cli.common import api_client, fail
+from apiary.cli.tables import COMPACT, duration, folded, result_text, short_sha, uncut, when, word
 from apiary.errors import ApiaryError
 
 ci_app = typer.Typer(no_args_is_help=True, help="CI pipeline runs (what the CI/CD flows recorded).")
 console = Console()
-
-SHORT_SHA = 7  # git's default abbreviation
-#: Tables of many columns in 80: a rule under the header, no borders (they would take 10 columns).
-COMPACT: dict[str, Any] = {"box": box.SIMPLE_HEAD, "show_edge": False, "pad_edge": False, "collapse_padding": True}
-_STYLES = {"success": "green", "succeeded": "green", "failure": "red", "failed": "red", "error": "red",
-           "rolled_back": "yellow", "running": "cyan"}
-
-
-def api_client() -> Any:
-    """The CLI's client of the platform (:func:`apiary.cli.main._client`: the URL, the token and
-    the cluster-id check every command shares). Imported here, not at the top: main imports this module."""
-    from apiary.cli import main
-
-    return main._client()
-
-
-def fail(e: ApiaryError) -> NoReturn:
-    """Print the API's error the way every command does, and exit 1."""
-    from apiary.cli import main
-
-    main._fail(e)
-    raise typer.Exit(1)  # main._fail exits already
-
-
-def uncut(header: str, values: list[str], out: Console) -> Column:
-    """A column whose values are never cut (ids, shas): one line while ``out`` has room, folded
-    over several lines (every character kept) when a value is wider than the terminal."""
-    longest = max((len(v) for v in values), default=len(header))
-    room = max(out.width - 4, 1)
-    if max(longest, len(header)) <= room:
-        return Column(header, no_wrap=True, min_width=max(longest, len(header)))
-    return Column(header, overflow="fold", min_width=room)
-
-
-def folded(header: str, min_width: int | None = None) -> Column:
-    """A column that wraps and folds its text rather than cropping it with an ellipsis."""
-    return Column(header, overflow="fold", min_width=min_width)
-
-
-def word(header: str) -> Column:
-    """A column of one short word per cell (a state, a duration): kept on one line."""
-    return Column(header, no_wrap=True)
-
-
-def short_sha(sha: str | None) -> str:
-    return (sha or "")[:SHORT_SHA] or "-"
-
-
-def duration(seconds: float | None) -> str:
-    """``12s``, ``3m20s``, ``1h02m``; ``-`` when unknown."""
-    if seconds is None:
-        return "-"
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
-def when(iso: str | None) -> str:
-    """An ISO 8601 UTC time as ``2026-11-25 10:00`` (UTC; a narrow column shows the date over the
-    time); ``-`` when absent."""
-    if not iso:
-        return "-"
-    try:
-        return datetime.fromisoformat(iso.replace("Z", "+00:00")).strftime("%Y-%m-%d %H:%M")
-    except ValueError:
-        return iso
-
-
-def result_text(result: str) -> Text:
-    return Text(result, style=_STYLES.get(result, ""))
 
 
 def runs_table(runs: list[dict], out: Console) -> Table:

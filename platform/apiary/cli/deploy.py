@@ -17,7 +17,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from apiary.cli.ci import COMPACT, api_client, duration, fail, folded, result_text, short_sha, uncut, when, word
+from apiary.cli.common import api_client, fail
+from apiary.cli.tables import COMPACT, duration, folded, result_text, short_sha, uncut, when, word
 from apiary.errors import ApiaryError
 
 deploy_app = typer.Typer(no_args_is_help=True, help="Deploy the platform to Kubernetes (manifests).")

@@ -1,4 +1,4 @@
-"""``apiary incident`` and ``apiary oncall``: incident response from the command line (issue 14).
+"""``apiary incident`` and ``apiary oncall``: incident response from the command line.
 
 * ``apiary incident list [--state S] [--json]``, ``apiary incident show ID [--json]``
 * ``apiary incident open TITLE [--severity sev3] [--node N] [--job J] [--description D]``
@@ -23,7 +23,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from apiary.cli.ci import COMPACT, api_client, fail, folded, uncut, when, word
+from apiary.cli.common import api_client, fail
+from apiary.cli.tables import COMPACT, folded, uncut, when, word
 from apiary.errors import ApiaryError
 
 incident_app = typer.Typer(no_args_is_help=True, help="Incidents: open, acknowledge, mitigate, resolve, postmortems.")

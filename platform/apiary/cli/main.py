@@ -13,6 +13,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -20,7 +21,8 @@ from rich.table import Table
 
 from apiary.cli.aiops import aiops_app
 from apiary.cli.chaos import chaos_app
-from apiary.cli.ci import COMPACT, ci_app, folded, uncut, word
+from apiary.cli.ci import ci_app
+from apiary.cli.common import api_client, err, fail, settings, setup_logging
 from apiary.cli.deploy import deploy_app
 from apiary.cli.identity import add_identity_commands
 from apiary.cli.image import image_app
@@ -28,9 +30,13 @@ from apiary.cli.incident import incident_app, oncall_command
 from apiary.cli.load import load_app
 from apiary.cli.rollout import add_rollout_commands
 from apiary.cli.sim import sim_app
-from apiary.cli.tables import print_rows
+from apiary.cli.tables import COMPACT, folded, print_rows, uncut, word
 from apiary.errors import ApiaryError, PortInUseError
 from apiary.procutil import use_private_umask
+
+if TYPE_CHECKING:
+    from apiary.client import ApiaryClient
+    from apiary.settings import Settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Apiary: multi-tenant GPU cluster platform.")
 job_app = typer.Typer(no_args_is_help=True, help="Submit and watch jobs (OpenPAI job protocol v2).")
@@ -53,55 +59,23 @@ app.add_typer(aiops_app, name="aiops")
 app.command("oncall")(oncall_command)
 add_identity_commands(app, lambda token=None: _client(token), lambda e: _fail(e))
 console = Console()
-err = Console(stderr=True)
 
 
-def _settings():
-    from apiary.settings import Settings
-
-    return Settings()
+def _settings() -> Settings:
+    return settings()
 
 
-def _client(token: str | None = None):
-    """A client of the platform in APIARY_API_URL, else of the one ``apiary up`` recorded in
-    APIARY_HOME, with ``token`` (default APIARY_TOKEN, else the file APIARY_HOME/token). A recorded
-    platform must prove it is that home's (its ``clusterId`` in /healthz): after a platform dies
-    without cleaning up, another one may hold its port."""
-    from apiary.client import ApiaryClient
-
-    settings = _settings()
-    url = settings.resolved_api_url()
-    if not url:
-        err.print("No Apiary platform found: run `apiary up` or set APIARY_API_URL.")
-        raise typer.Exit(1)
-    client = ApiaryClient(url, token=token or settings.resolved_token())
-    expected = settings.cluster_id()
-    if settings.api_url or expected is None:
-        return client  # an explicit URL is trusted; a home from before cluster ids has nothing to check
-    answered = client.health().get("clusterId")  # unreachable: UnavailableError, as any call
-    if answered != expected:
-        err.print(
-            f"error: the platform at {url} is cluster {answered or '(no cluster id)'}, but APIARY_HOME "
-            f"{settings.home_dir} belongs to cluster {expected}. Another Apiary platform holds that port; "
-            "run apiary up for this home, or set APIARY_API_URL to use that platform.",
-            markup=False, highlight=False, soft_wrap=True,
-        )
-        raise typer.Exit(1)
-    return client
+def _client(token: str | None = None) -> ApiaryClient:
+    """The platform's client (:func:`apiary.cli.common.api_client`); tests replace it here."""
+    return api_client(token)
 
 
 def _logging(verbose: bool = False) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    # One line per HTTP request from agents and the bridge drowns the useful lines.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    setup_logging(verbose)
 
 
 def _fail(e: ApiaryError) -> None:
-    err.print(f"[red]error[/red] ({e.status_code}): {e.message}")
-    raise typer.Exit(1)
+    fail(e)
 
 
 # ---------------------------------------------------------------------- platform
@@ -277,21 +251,33 @@ def job_get(job_id: str, as_json: bool = typer.Option(False, "--json", help="Pri
     if as_json:
         print(json.dumps(job, indent=2))
         return
-    console.print(f"[bold]{job['id']}[/bold]  {job['state']}  vc={job['virtualCluster']} "
-                  f"priority={job['priorityClass']} retries={job['retryDetails']}")
-    if job["waitingReason"]:
-        console.print(f"waiting: {job['waitingReason']}")
-    _task_table(job)
+    print_job(job)
 
 
-def _task_table(job: dict) -> None:
-    t = Table("taskRole", "index", "state", "node", "gpus", "exitCode")
-    for task in job["tasks"]:
+def retries_text(details: dict | None) -> str:
+    """A job's ``retryDetails`` ({"user": 1, "platform": 2}) as ``user 1, platform 2``; ``-`` when absent."""
+    return ", ".join(f"{k} {v}" for k, v in (details or {}).items()) or "-"
+
+
+def print_job(job: dict) -> None:
+    """One job (``GET /api/v2/jobs/{id}``) in the terminal's width, in the tables' style
+    (:func:`~apiary.cli.tables.print_rows`): the job's row (the id never cut, the waiting reason
+    beside it or under it), then its tasks; a node of simulated GPUs is marked so."""
+    print_rows(console, ("id", "state", "vc", "priority", "retries"),
+               [(job["id"], job["state"], job["virtualCluster"], job["priorityClass"],
+                 retries_text(job.get("retryDetails")))],
+               sentence="waiting reason", sentences=[job.get("waitingReason") or ""])
+    tasks = job.get("tasks") or []
+    if not tasks:
+        return
+    rows = []
+    for task in tasks:
         code = task["exitCode"]
         node = (task["node"] or "-") + (" (simulated GPUs)" if task.get("simulatedGpus") else "")
-        t.add_row(task["taskRole"], str(task["index"]), task["state"], node,
-                  ",".join(map(str, task["gpus"])) or "-", "-" if code is None else str(code))
-    console.print(t)
+        rows.append((f"{task['taskRole']}/{task['index']}", task["state"], node,
+                     ",".join(map(str, task["gpus"])) or "-", "-" if code is None else str(code)))
+    console.print()
+    print_rows(console, ("task", "state", "node", "gpus", "exit code"), rows)
 
 
 @job_app.command("list")
