@@ -334,6 +334,36 @@ def test_rejected_with_field(text, field, words):
     assert err.status_code == 400
 
 
+TYPOS = [
+    pytest.param(dump(minimal(jobRetryCont=1)), "jobRetryCont", ["jobRetryCount"], id="top-level"),
+    pytest.param(dump(with_train(instance=2)), "taskRoles.train.instance", ["instances"], id="task-role"),
+    pytest.param(dump(with_train(resourcePerInstance={"cpu": 1, "memoryMB": 1024, "gpus": 1})),
+                 "taskRoles.train.resourcePerInstance.gpus", ["gpu"], id="resource-missing-the-meant-one"),
+    pytest.param(dump(minimal(prerequisites=[{"name": "img", "type": "dockerimage", "uri": "busybox",
+                                              "authh": "x"}])), "prerequisites[0].authh", ["auth"],
+                 id="prerequisite-in-a-tagged-union"),
+    pytest.param(dump(minimal(extras={"hivedScheduler": {"jobPriorityClas": "prod"}})),
+                 "extras.hivedScheduler.jobPriorityClas", ["jobPriorityClass"], id="extras-hived"),
+]
+
+
+@pytest.mark.parametrize(("text", "field", "meant"), TYPOS)
+def test_a_typo_d_field_is_a_400_that_says_which_field_was_meant(text: str, field: str, meant: list[str]) -> None:
+    """The 400 names the first problem's field (here the misspelt one, or the required field it
+    was meant to be) and ends with the close names of the fields allowed where the typo is."""
+    with pytest.raises(ValidationError) as info:
+        parse_job(text)
+    assert info.value.status_code == 400 and info.value.field in (field, field.rsplit(".", 1)[0] + "." + meant[0])
+    assert f"{field}: unknown field" in info.value.message
+    assert info.value.message.endswith("did you mean " + " or ".join(repr(m) for m in meant) + "?"), info.value.message
+
+
+def test_an_unknown_field_like_no_known_one_gets_no_suggestion() -> None:
+    with pytest.raises(ValidationError) as info:
+        parse_job(dump(minimal(colour="blue")))
+    assert "unknown field" in info.value.message and "did you mean" not in info.value.message
+
+
 def test_several_errors_are_all_listed_and_the_first_is_the_field():
     data = with_train(instances=0, resourcePerInstance={"cpu": 1, "memoryMB": 1024, "gpu": -1})
     with pytest.raises(ValidationError) as info:

@@ -35,6 +35,7 @@ from pydantic_core import PydanticCustomError
 from apiary.errors import ValidationError
 from apiary.spec import admission, safeyaml
 from apiary.spec.probes import validate_probes
+from apiary.spec.suggest import did_you_mean, field_names_at
 from apiary.spec.templating import render, rendered_size
 
 logger = logging.getLogger(__name__)
@@ -699,6 +700,8 @@ def _pydantic_to_validation_error(exc: pydantic.ValidationError) -> ValidationEr
             )
         if err["type"] == "union_tag_invalid":
             reason = f"prerequisite type must be one of {', '.join(_PREREQUISITE_TYPES)}"
+        if err["type"] == "extra_forbidden" and loc and isinstance(loc[-1], str):
+            reason += did_you_mean(loc[-1], field_names_at(JobSpec, loc[:-1]))
         found.append((_field_path(loc), reason))
     field, reason = found[0]
     rest = "; ".join(f"{f}: {r}" if f else r for f, r in found[1:])
