@@ -56,15 +56,15 @@ def submit_together(h: Harness, texts: list[tuple[str, str]], *, before_release:
     plane = h.plane
     queued.clear()
     threads = [threading.Thread(target=one, args=(i, t, u)) for i, (t, u) in enumerate(texts)]
-    with plane._lock:
+    with plane.lock:
         for t in threads:
             t.start()
         deadline = time.monotonic() + timeout_s
-        while len(plane._intake) < len(texts):  # each has parsed its job and waits for the lock
-            assert time.monotonic() < deadline, f"only {len(plane._intake)} of {len(texts)} queued"
+        while len(plane.jobs.intake) < len(texts):  # each has parsed its job and waits for the lock
+            assert time.monotonic() < deadline, f"only {len(plane.jobs.intake)} of {len(texts)} queued"
             time.sleep(0.005)
         before_release()
-        queued.extend(p.job_id for p in plane._intake._queue)
+        queued.extend(plane.jobs.intake.job_ids())
     for t in threads:
         t.join(timeout_s)
     assert all(o is not None for o in out)
@@ -138,7 +138,7 @@ def test_the_inserted_rows_load_back_as_the_record_the_reducer_made(tmp_path: Pa
     expected, _ = submit(answer["id"], "alice", policy, h.clock(), name=spec.name,
                          priority_class=spec.priority_class, flow_run_id="run-1")
     with h.sessions() as s:
-        loaded = load_job(s, answer["id"], h.plane._policy_of)
+        loaded = load_job(s, answer["id"], h.plane.cache.policy_of)
     assert loaded is not None
     assert asdict(loaded.record) == asdict(expected)  # the records compare by identity: by fields here
     assert len(loaded.tasks) == len(expected.tasks) == (2 if n == 6 else 1)

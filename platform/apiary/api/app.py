@@ -105,6 +105,7 @@ def create_app(
     if incidents is None:  # no escalation worker: incidents are recorded and mitigated, nobody is paged
         incidents = default_incidents(plane, settings)
     app.state.incidents = incidents
+    receiver.use_incidents(incidents)  # one alert pipeline: the intake's groups open incidents
     if incidents.drill_results is None:  # a diagnosis attaches the node's drill results
         incidents.drill_results = drills.latest
     app.state.limiter = RateLimiter(settings.rate_calls, settings.rate_submits)
@@ -168,7 +169,7 @@ def create_app(
             directory.authenticate(bearer(request))
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    health = HealthCheck(plane)
+    health = HealthCheck(plane.sessions, plane.recording_problems)
 
     @app.get("/healthz", response_model=Health, responses={503: {"description": "Unhealthy: `reason` says why."}})
     def healthz() -> Any:

@@ -21,16 +21,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sqlalchemy import text
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session
 
+from apiary.errors import UnavailableError
 from apiary.procutil import write_probe
-
-if TYPE_CHECKING:
-    from apiary.control.plane import ControlPlane
+from apiary.store.unit import Sessions, reading
 
 logger = logging.getLogger(__name__)
 
@@ -43,19 +39,17 @@ PROBE_BYTES = 64 * 1024
 _WRITE_PROBE = text("UPDATE nodes SET name = name WHERE 1 = 0")
 
 
-def store_write_problem(sessions: Callable[[], Session]) -> str | None:
+def store_write_problem(sessions: Sessions) -> str | None:
     """Why the store behind ``sessions`` cannot take a write now, or None when it can (see the module
     docstring for the probes). Never raises."""
     try:
-        with sessions() as s:
-            try:
-                s.execute(_WRITE_PROBE)
-                bind = s.get_bind()
-            finally:
-                s.rollback()
-    except SQLAlchemyError as e:
-        orig = getattr(e, "orig", None)
-        return f"the store cannot write: {str(orig if orig is not None else e).splitlines()[0]}"
+        with reading(sessions, "health probe") as s:  # rolled back: the probe changes nothing
+            s.execute(_WRITE_PROBE)
+            bind = s.get_bind()
+    except UnavailableError as e:
+        cause = e.__cause__
+        orig = getattr(cause, "orig", None)
+        return f"the store cannot write: {str(orig if orig is not None else cause or e).splitlines()[0]}"
     except Exception as e:  # a probe must answer, whatever breaks
         return f"the store cannot write: {type(e).__name__}: {e}"
     if bind.dialect.name != "sqlite":
@@ -68,21 +62,16 @@ def store_write_problem(sessions: Callable[[], Session]) -> str | None:
     return None if problem is None else f"the store cannot write: {problem}"
 
 
-def agent_problems(plane: ControlPlane) -> list[str]:
-    """``"node N cannot record runs: why"`` for every node whose agent said so in its latest report,
-    the node reporting within the plane's lost-node grace; by node name."""
-    now = plane._clock()
-    grace = plane._node_lost_after_s
-    return [f"node {node} cannot record runs: {why}"
-            for node, (why, at) in sorted(dict(plane.cannot_record).items()) if now - at <= grace]
-
-
 class HealthCheck:
     """The control plane's health for ``/healthz``: :meth:`problems` is empty when it is healthy.
-    Thread-safe; the store probe's answer is reused for :data:`STORE_PROBE_S` seconds."""
+    ``sessions``: the store to probe; ``agent_problems``: ``"node N cannot record runs: why"`` for
+    each node whose agent says so (the plane's ``recording_problems``). Thread-safe; the store
+    probe's answer is reused for :data:`STORE_PROBE_S` seconds."""
 
-    def __init__(self, plane: ControlPlane, *, probe_s: float | None = None) -> None:
-        self.plane = plane
+    def __init__(self, sessions: Sessions, agent_problems: Callable[[], list[str]], *,
+                 probe_s: float | None = None) -> None:
+        self.sessions = sessions
+        self.agent_problems = agent_problems
         self.probe_s = STORE_PROBE_S if probe_s is None else probe_s
         self._lock = threading.Lock()
         self._probed = float("-inf")
@@ -93,10 +82,10 @@ class HealthCheck:
         with self._lock:
             now = time.monotonic()
             if now - self._probed >= self.probe_s:
-                problem = store_write_problem(self.plane.sessions)
+                problem = store_write_problem(self.sessions)
                 if problem != self._store:
                     (logger.error if problem else logger.warning)(
                         "healthz: %s", problem or "the store takes writes again")
                 self._store, self._probed = problem, now
             store = self._store
-        return ([store] if store else []) + agent_problems(self.plane)
+        return ([store] if store else []) + self.agent_problems()

@@ -87,6 +87,11 @@ class Intake:
         with self._lock:
             return len(self._queue)
 
+    def job_ids(self) -> list[str]:
+        """The ids of the queued submissions, oldest first."""
+        with self._lock:
+            return [p.job_id for p in self._queue]
+
     def drain(self, limit: int) -> list[PendingSubmission]:
         """Up to ``limit`` queued submissions, oldest first, removed from the queue."""
         with self._lock:

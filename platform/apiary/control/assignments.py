@@ -1,0 +1,118 @@
+"""What a node's agent should run: its task runs with everything needed to launch them.
+
+Read-only: one query for the node's live runs with their jobs and placements, one for the nodes
+they name, and the attempt's other runs only for a job of more than one instance (their hosts).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import and_, select
+
+from apiary.control.cache import PlaneCache
+from apiary.control.node_service import ACTIVE_TASK_STATES
+from apiary.control.views import latest_tasks
+from apiary.runtime.env import build_task_env
+from apiary.runtime.probes import parse_probes, probes_to_wire
+from apiary.spec.templating import render
+from apiary.store.models import Job, Node, Placement, Task
+from apiary.store.unit import reading
+
+
+class Assignments:
+    """The agents' view of the plane's ``cache``: :meth:`assignments` of a node."""
+
+    def __init__(self, cache: PlaneCache) -> None:
+        self.cache = cache
+
+    def assignments(self, node: str) -> list[dict]:
+        """The task runs ``node`` should be running now, with everything needed to launch them.
+
+        Each item: ``{"runId", "desired": "RUN"|"STOP", "launch": TaskLaunch fields, "probes", "labels"}``.
+        A run absent from the list must not run on the node.
+        """
+        # An agent reads this after every change to its node (a run placed or told to stop): one
+        # query for the node's runs with their jobs and placements, one for the nodes they name,
+        # and the attempt's other runs only for a job of more than one instance (their hosts).
+        with reading(self.cache.sessions, "assignments") as s:
+            rows = list(s.execute(
+                select(Task, Job, Placement.leaf_cells)
+                .join(Job, Job.id == Task.job_id)
+                .outerjoin(Placement, and_(Placement.job_id == Task.job_id, Placement.attempt == Task.attempt,
+                                           Placement.task_role == Task.task_role, Placement.index == Task.index))
+                .where(Task.node == node, Task.state.in_(ACTIVE_TASK_STATES))
+                .order_by(Task.id)
+            ).tuples())
+            peers: dict[tuple[str, int], list[Task]] = {}
+            for t, job, _ in rows:
+                if (job.id, t.attempt) not in peers:
+                    single = sum(r.instances for r in self.cache.spec_of(job).task_roles.values()) == 1
+                    peers[(job.id, t.attempt)] = [t] if single else latest_tasks(s, job, t.attempt)
+            names = {p.node for ps in peers.values() for p in ps if p.node} | {node}
+            nodes = {name: (address, simulated) for name, address, simulated in s.execute(
+                select(Node.name, Node.address, Node.simulated_gpus).where(Node.name.in_(names)))}
+            out = []
+            for t, job, leaf_cells in rows:
+                spec = self.cache.spec_of(job)
+                out.append({
+                    "runId": t.run_id, "desired": t.desired,
+                    "launch": self._launch(job, t, peers[(job.id, t.attempt)], nodes, leaf_cells),
+                    "probes": probes_to_wire(*parse_probes(spec.extras, t.task_role)),
+                    # For the node's task metrics (apiary_task_*{job,user,virtual_cluster,task_role,index}).
+                    "labels": {"job": job.id, "user": job.user, "virtual_cluster": job.virtual_cluster,
+                               "task_role": t.task_role, "index": str(t.index)},
+                })
+            return out
+
+    def _launch(self, job: Job, task: Task, peers: list[Task], nodes: dict[str, tuple[str | None, bool | None]],
+                leaf_cells: list | None) -> dict:
+        """``task``'s launch fields: ``peers`` are its attempt's latest runs (itself included),
+        ``nodes`` maps node name -> (address, simulated GPUs) for them, ``leaf_cells`` its placement's."""
+        spec = self.cache.spec_of(job)
+        tr = spec.task_roles[task.task_role]
+        # A node that never told its address (no row, or none in it) is taken to be this host.
+        host_ips = {(t.task_role, t.index): (nodes[t.node][0] if t.node in nodes else None) or "127.0.0.1"
+                    for t in peers if t.node}
+        env = build_task_env(
+            job_id=job.id,
+            user=job.user,
+            job_name=job.name,
+            task_roles={r: x.instances for r, x in spec.task_roles.items()},
+            host_ips=host_ips,
+            ports=None,
+            task_role=task.task_role,
+            index=task.index,
+            gpus=list(task.gpus or []),
+            attempt=task.attempt,
+            simulated_gpus=bool(task.node in nodes and nodes[task.node][1]),
+        )
+        prereq = next(
+            (p for p in (spec.prerequisites or []) if p.type == "dockerimage" and p.name == tr.docker_image), None
+        )
+        image = prereq.uri if prereq is not None else None
+        auth = getattr(prereq, "auth", None)
+        image_auth = None
+        if prereq is not None and auth is not None:
+            # The schema asks for the password as a <% $secrets.x %> reference: resolved here, for
+            # the one agent that runs the task (the assignments route serves a node its own runs only).
+            context = spec.template_context(task.task_role)
+            image_auth = {k: render(v, context, f"prerequisites.{prereq.name}.auth.{k}")
+                          for k, v in auth.model_dump(exclude_none=True).items()}
+        return {
+            "run_id": task.run_id,
+            "job_id": job.id,
+            "user": job.user,
+            "job_name": job.name,
+            "task_role": task.task_role,
+            "index": task.index,
+            "commands": spec.render_commands(task.task_role),
+            "env": env,
+            "gpus": list(task.gpus or []),
+            "image": image,
+            "cpu": tr.resource_per_instance.cpu,
+            "memory_mb": tr.resource_per_instance.memory_mb,
+            "virtual_cluster": job.virtual_cluster,
+            "leaf_cells": list(leaf_cells) if leaf_cells is not None else [],
+            "image_auth": image_auth,
+            "ports": dict(tr.resource_per_instance.ports or {}),
+            "probes": probes_to_wire(*parse_probes(spec.extras, task.task_role)),
+        }

@@ -1,0 +1,130 @@
+"""Task logs: the bytes node agents send, kept as one file per run and stream, and read back.
+
+A run's stream is ``<logs_dir>/<run id>.<stream>.log``; agents send ``[offset, offset+len)`` slices,
+overlaps are skipped, so a resend after a failure is harmless (idempotent). Only the agent of the
+node a run is placed on may write its log.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from sqlalchemy import select
+
+from apiary.control.cache import PlaneCache
+from apiary.errors import ForbiddenError, NotFoundError, UnavailableError, ValidationError
+from apiary.store.models import Job, Task
+from apiary.store.unit import reading
+
+logger = logging.getLogger(__name__)
+
+
+class LogService:
+    """Log files under ``logs_dir`` (created) for the runs of the plane's ``cache``'s store."""
+
+    def __init__(self, cache: PlaneCache, logs_dir: Path) -> None:
+        self.cache = cache
+        self.logs_dir = Path(logs_dir)
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+
+    def log_file(self, run_id: str, stream: str) -> Path:
+        """Where ``stream`` (``stdout`` / ``stderr``) of run ``run_id`` is kept."""
+        return self.logs_dir / f"{run_id}.{stream}.log"
+
+    def append_log(self, run_id: str, stream: str, offset: int, data: bytes, *, node: str | None = None) -> int:
+        """Store bytes ``[offset, offset+len(data))`` of a run's stream; overlaps are skipped, so
+        agents may resend after a failure (idempotent). Returns the stored size. ``node``: the
+        sending agent's node; a run not placed there is refused (ForbiddenError). Raises
+        ValidationError (bad stream or offset), UnavailableError when the disk refuses the write
+        (the agent resends)."""
+        if stream not in ("stdout", "stderr"):
+            raise ValidationError("stream", "must be stdout or stderr")
+        if offset < 0:
+            raise ValidationError("offset", "must be >= 0")
+        if node is not None:
+            with reading(self.cache.sessions, "read logs") as s:
+                placed = s.scalar(select(Task.node).where(Task.run_id == run_id))
+            if placed != node:
+                logger.warning("refused log node=%s run=%s: the run is placed on %s", node, run_id, placed)
+                raise ForbiddenError(f"Run {run_id} is not placed on node {node}.")
+        return self._write_log(run_id, stream, offset, data)
+
+    def append_logs(self, node: str, chunks: Sequence[tuple[str, str, int, bytes]]) -> list[int | None]:
+        """:meth:`append_log` for each ``(run id, stream, offset, bytes)`` a node report carries,
+        with one query for where the runs are placed. A chunk of a run not placed on ``node`` is
+        left out (None, logged) rather than refusing the report: the heartbeat and statuses with
+        it still count. Returns each chunk's stored size, in order. Raises ValidationError (bad
+        stream or offset) and UnavailableError (disk) as append_log does, before or while writing;
+        chunks are idempotent, so the agent resends the report."""
+        for _run, stream, offset, _data in chunks:
+            if stream not in ("stdout", "stderr"):
+                raise ValidationError("logs.stream", "must be stdout or stderr")
+            if offset < 0:
+                raise ValidationError("logs.offset", "must be >= 0")
+        if not chunks:
+            return []
+        with reading(self.cache.sessions, "read logs") as s:
+            q = select(Task.run_id, Task.node).where(Task.run_id.in_({run for run, *_ in chunks}))
+            placed: dict[str, str | None] = {run: where for run, where in s.execute(q)}
+        sizes: list[int | None] = []
+        for run_id, stream, offset, data in chunks:
+            if placed.get(run_id) != node:
+                logger.warning("refused log node=%s run=%s: the run is placed on %s", node, run_id, placed.get(run_id))
+                sizes.append(None)
+                continue
+            sizes.append(self._write_log(run_id, stream, offset, data))
+        return sizes
+
+    def _write_log(self, run_id: str, stream: str, offset: int, data: bytes) -> int:
+        path = self.log_file(run_id, stream)
+        size = path.stat().st_size if path.exists() else 0
+        if offset + len(data) > size:
+            try:
+                with path.open("ab") as f:
+                    f.write(data[max(size - offset, 0):])
+            except OSError as e:
+                raise UnavailableError(f"cannot store the log of {run_id}: {e.strerror or e}; retry later.") from e
+            size = offset + len(data) if offset <= size else size + len(data)
+        return size
+
+    def read_logs_many(self, reads: Iterable[tuple[str, str, int, int, str, int]]) -> list[str | None]:
+        """:meth:`read_logs` for each ``(job id, task role, index, attempt, stream, offset)``, in
+        order; None for a read whose job or task role does not exist (the others still answer)."""
+        out: list[str | None] = []
+        for job_id, role, index, attempt, stream, offset in reads:
+            try:
+                out.append(self.read_logs(job_id, task_role=role, index=index, attempt=attempt, stream=stream,
+                                          offset=offset))
+            except (NotFoundError, ValidationError):
+                out.append(None)
+        return out
+
+    def read_logs(
+        self, job_id: str, *, task_role: str | None = None, index: int = 0, attempt: int | None = None,
+        stream: str = "stdout", offset: int = 0,
+    ) -> str:
+        """A task instance's log text (all its runs in the attempt, oldest first), from ``offset`` bytes."""
+        if stream not in ("stdout", "stderr", "all"):
+            raise ValidationError("stream", "must be stdout, stderr or all")
+        with reading(self.cache.sessions, "read logs") as s:
+            job = s.get(Job, job_id)
+            if job is None:
+                raise NotFoundError(f"Job {job_id} not found.")
+            spec = self.cache.spec_of(job)
+            role = task_role or next(iter(spec.task_roles))
+            if role not in spec.task_roles:
+                raise ValidationError("taskRole", f"job {job_id} has no task role {role!r}")
+            q = select(Task).where(Task.job_id == job.id, Task.task_role == role, Task.index == index)
+            if attempt is not None:
+                q = q.where(Task.attempt == attempt)
+            runs = [t.run_id for t in s.scalars(q.order_by(Task.attempt, Task.task_attempt)) if t.run_id]
+        streams = ("stdout", "stderr") if stream == "all" else (stream,)
+        data = b""
+        for run in runs:
+            for st in streams:
+                p = self.log_file(run, st)
+                if p.exists():
+                    data += p.read_bytes()
+        return data[offset:].decode("utf-8", errors="replace")

@@ -1,0 +1,270 @@
+"""The node service: agents' reports and heartbeats, lost nodes, cordon and drain, simulated faults.
+
+A node's durable state is its ``nodes`` row (health, cordon, last heartbeat, metrics URL) and its
+queued faults; every change is one :class:`~apiary.control.work.Work` committed before memory (the
+scheduler's node health, the nodes' assignment generations) is touched. Bare heartbeats from a known
+healthy node whose facts did not change are kept in memory and written at most every
+:data:`~apiary.control.nodes.HEARTBEAT_PERSIST_S` (the plane's cache holds what each row says).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import replace
+
+from sqlalchemy import delete, func, select
+
+from apiary.control.cache import PlaneCache, Seen
+from apiary.control.nodes import HEARTBEAT_PERSIST_S, MAX_QUEUED_FAULTS, schedulable
+from apiary.errors import TooManyRequestsError, ValidationError
+from apiary.lifecycle import TaskState
+from apiary.lifecycle.reducer import NodeLost, RunReported
+from apiary.store.models import Event, Job, Node, NodeFault, Placement, Task
+from apiary.store.unit import reading
+from apiary.timefmt import iso
+
+logger = logging.getLogger(__name__)
+
+#: Task states whose runs hold a node (an agent runs them).
+ACTIVE_TASK_STATES = (TaskState.STARTING.value, TaskState.RUNNING.value)
+
+
+class NodeService:
+    """Nodes over the plane's ``cache``: reports, loss, cordon, drain, faults, listings."""
+
+    def __init__(self, cache: PlaneCache) -> None:
+        self.cache = cache
+
+    def check_lost_nodes(self) -> None:
+        """Nodes silent for longer than ``node_lost_after_s``: unhealthy, their runs failed (lock held)."""
+        now = self.cache.clock()
+        lost = sorted(n for n, seen in self.cache.heartbeats.items()  # (a reconfig drops nodes)
+                      if now - seen > self.cache.node_lost_after_s and n in self.cache.node_names)
+        if not lost:
+            return
+        with self.cache.work("node lost") as w:
+            s = w.s
+            for name in lost:
+                row = s.get(Node, name)
+                if row is None or not row.healthy:
+                    continue
+                row.healthy = False
+                w.node_health(name, schedulable(row))
+                logger.warning("node=%s lost: no report for %.0f s", name, now - self.cache.heartbeats[name])
+                job_ids = list(dict.fromkeys(s.scalars(  # in arrival order, as the simulator does
+                    select(Task.job_id).join(Job, Job.id == Task.job_id)
+                    .where(Task.node == name, Task.state.in_(ACTIVE_TASK_STATES))
+                    .order_by(Job.submission_time, Job.submit_seq)
+                )))
+                for job_id in job_ids:
+                    w.step(job_id, NodeLost(name))
+            if not w.ops:
+                return
+            w.commit()
+            for name in lost:
+                if name in self.cache.reported:
+                    self.cache.reported[name] = replace(self.cache.reported[name], healthy=False)
+
+    def node_report(self, node: str, *, gpus: int, simulated_gpus: bool, address: str, agent_id: str,
+                    runs: Iterable[dict], metrics_url: str | None = None, faults_applied: int | None = None,
+                    cannot_record: str | None = None) -> dict:
+        """Apply an agent's heartbeat and run statuses (``TaskStatus`` dicts). Idempotent.
+
+        Returns ``{"ack": [run_id]}``: runs whose final status is recorded (the agent may forget
+        them). ``faults_applied``: the agent's high-water mark of applied fault ids (those faults are
+        deleted). ``cannot_record``: why the agent cannot record runs now (it launches nothing new
+        meanwhile), None when it can; kept in memory for ``/healthz``
+        (:func:`apiary.control.health.health_problems`). Raises NotFoundError for a node the cluster
+        config does not declare,
+        UnavailableError (503) when the store cannot commit (the agent resends). The node's row of a
+        known healthy node whose facts did not change is written at most every
+        :data:`~apiary.control.nodes.HEARTBEAT_PERSIST_S` (a bare heartbeat then touches only memory;
+        a report with runs writes only the runs).
+        """
+        self.cache.known_node(node)
+        runs = list(runs)
+        now = self.cache.clock()
+        info = (gpus, simulated_gpus, address, agent_id, metrics_url)
+        with self.cache.lock:
+            self.cache.heartbeats[node] = now
+            if cannot_record:
+                if node not in self.cache.cannot_record:
+                    logger.error("node=%s cannot record runs: %s", node, cannot_record)
+                self.cache.cannot_record[node] = (cannot_record, now)
+            elif self.cache.cannot_record.pop(node, None) is not None:
+                logger.warning("node=%s can record runs again", node)
+            seen = self.cache.reported.get(node)
+            new_mark = faults_applied is not None and (seen is None or faults_applied != seen.faults_applied)
+            # The node's row already says all this (healthy, same facts, a heartbeat written within
+            # HEARTBEAT_PERSIST_S): leave it alone, whether or not the report carries runs.
+            fresh = (not new_mark and seen is not None and seen.info == info and seen.healthy
+                     and now - seen.beat < HEARTBEAT_PERSIST_S)
+            if fresh and not runs:
+                return {"ack": []}
+            ack: list[str] = []
+            with self.cache.work("node report") as w:
+                s = w.s
+                if not fresh:
+                    row = s.get(Node, node)
+                    if row is None:
+                        row = Node(name=node, cordoned=False)
+                        s.add(row)
+                    was = schedulable(row) if row.healthy is not None else False
+                    if row.healthy is False:
+                        logger.info("node=%s healthy again", node)
+                    row.gpus, row.simulated_gpus, row.address, row.agent_id, row.metrics_url = info
+                    row.healthy = True
+                    row.last_heartbeat = now
+                    if schedulable(row) != was or seen is None or not seen.healthy:
+                        w.node_health(node, schedulable(row))
+                if new_mark:  # the agent applied these: they leave the queue
+                    s.execute(delete(NodeFault).where(NodeFault.node == node, NodeFault.id <= faults_applied))
+                for run in runs:
+                    owner = s.execute(select(Task.job_id, Task.node).where(Task.run_id == run["run_id"])).first()
+                    if owner is None:
+                        ack.append(run["run_id"])  # unknown to us: the agent should stop and forget it
+                        continue
+                    job_id = owner[0]
+                    if owner[1] != node:  # a run placed elsewhere: never let this node decide it
+                        logger.warning("refused report node=%s run=%s: the run is placed on %s",
+                                       node, run["run_id"], owner[1])
+                        ack.append(run["run_id"])
+                        continue
+                    fx = w.step(job_id, RunReported(
+                        node=node, run_id=run["run_id"], exited=run.get("state") == "exited",
+                        exit_code=run.get("exit_code"), started_at=run.get("started_at"),
+                        finished_at=run.get("finished_at"), pid=run.get("pid"), lost=bool(run.get("lost")),
+                    ))
+                    if fx is not None and fx.ack:
+                        ack.append(run["run_id"])
+                w.wake = w.wake or bool(runs)
+                w.commit()
+            mark = faults_applied if faults_applied is not None else (seen.faults_applied if seen else None)
+            self.cache.reported[node] = Seen(info, True, seen.beat if fresh and seen else now, mark)
+        return {"ack": ack}
+
+    def cordon(self, node: str, cordoned: bool = True) -> dict:
+        """Cordon (no new placements; running tasks keep going until they end) or uncordon a node,
+        as ``kubectl cordon`` does. Durable. Idempotent. Raises NotFoundError for an unknown node."""
+        self.cache.known_node(node)
+        with self.cache.lock, self.cache.work("cordon") as w:
+            s = w.s
+            row = s.get(Node, node)
+            if row is None:
+                row = Node(name=node, healthy=False)
+                s.add(row)
+            if bool(row.cordoned) != cordoned:
+                logger.info("node=%s %s", node, "cordoned" if cordoned else "uncordoned")
+            row.cordoned = cordoned
+            w.node_health(node, schedulable(row))
+            w.commit()
+        return next(n for n in self.list_nodes() if n["name"] == node)
+
+    def jobs_on_node(self, node: str) -> list[str]:
+        """Ids of the jobs with a live task on ``node``, in arrival order. Raises NotFoundError."""
+        self.cache.known_node(node)
+        with reading(self.cache.sessions, "read nodes") as s:
+            return list(dict.fromkeys(s.scalars(
+                select(Task.job_id).join(Job, Job.id == Task.job_id)
+                .where(Task.node == node, Task.state.in_(ACTIVE_TASK_STATES))
+                .order_by(Job.submission_time, Job.submit_seq))))
+
+    def drain(self, node: str, reason: str | None = None) -> list[str]:
+        """``kubectl drain``: cordon ``node`` and stop its jobs' runs there; each such job's attempt
+        ends as if the node were lost (exit -1001 PodNodeLost, a platform failure that is always
+        retried), so it is re-placed elsewhere as a platform retry and loses no user retry. The
+        agent stops the runs (they leave the node's assignments). Returns the jobs moved. Durable,
+        idempotent (a drained node has nothing left to move). Raises NotFoundError."""
+        self.cordon(node, True)
+        with self.cache.lock, self.cache.work("drain") as w:
+            s = w.s
+            job_ids = list(dict.fromkeys(s.scalars(
+                select(Task.job_id).join(Job, Job.id == Task.job_id)
+                .where(Task.node == node, Task.state.in_(ACTIVE_TASK_STATES))
+                .order_by(Job.submission_time, Job.submit_seq))))
+            for job_id in job_ids:
+                w.step(job_id, NodeLost(node, reason or f"Node {node} was drained."))
+            w.wake = True
+            if w.ops or job_ids:
+                w.commit()
+        logger.info("node=%s drained jobs=%s", node, job_ids)
+        return job_ids
+
+    def node_events(self, node: str, limit: int = 10) -> list[dict]:
+        """The newest ``limit`` events of the jobs with tasks on ``node`` (any attempt), newest first:
+        an incident's evidence."""
+        with reading(self.cache.sessions, "read nodes") as s:
+            job_ids = select(Task.job_id).where(Task.node == node).distinct()
+            rows = s.scalars(select(Event).where(Event.job_id.in_(job_ids)).order_by(Event.seq.desc()).limit(limit))
+            return [{"seq": e.seq, "time": e.time, "jobId": e.job_id, "type": e.type} for e in rows]
+
+    def list_nodes(self) -> list[dict]:
+        """Every node of the cluster config: its row's facts, GPUs in use, last heartbeat, and
+        ``schedulable`` (the one derivation the scheduler follows)."""
+        with self.cache.lock:
+            infos = self.cache.scheduler.nodes()
+            beats = dict(self.cache.heartbeats)
+        with reading(self.cache.sessions, "read nodes") as s:
+            rows = {n.name: n for n in s.scalars(select(Node))}
+            used: dict[str, int] = {}
+            for p in s.scalars(select(Placement).where(Placement.released.is_(False))):
+                used[p.node] = used.get(p.node, 0) + len(p.gpus)
+            out = []
+            for name, info in infos.items():
+                row = rows.get(name)
+                out.append(
+                    {
+                        "name": name,
+                        "gpus": row.gpus if row else info.gpus,
+                        "simulatedGpus": bool(row.simulated_gpus) if row else None,
+                        "healthy": bool(row.healthy) if row else False,
+                        "ready": row is not None and bool(row.healthy),
+                        "cordoned": bool(row.cordoned) if row else False,
+                        "schedulable": schedulable(row),
+                        "address": row.address if row else None,
+                        "skuType": info.sku_type,
+                        "gpusUsed": used.get(name, 0),
+                        "lastHeartbeat": iso(beats.get(name, row.last_heartbeat if row else None)),
+                        "metricsUrl": row.metrics_url if row else None,
+                    }
+                )
+            return out
+
+    def node_generation(self, node: str) -> int:
+        """The node's assignment generation: bumped after every commit that changes what the node
+        should run (the agents' long poll waits for a change of it). 0 for a node never touched."""
+        return self.cache.generation.get(node, 0)
+
+    def node_faults(self, node: str) -> list[dict]:
+        """Simulated-GPU faults queued for ``node``'s agent, oldest first: ``{"id", "gpu", ...}``.
+        Ids never repeat (not even across restarts), so the agent applies each once: those above its
+        high-water mark. A fault stays queued until the agent reports it applied."""
+        with reading(self.cache.sessions, "read nodes") as s:
+            return [{"id": f.id, "gpu": f.gpu, **f.fault}
+                    for f in s.scalars(select(NodeFault).where(NodeFault.node == node).order_by(NodeFault.id))]
+
+    def inject_fault(self, node: str, gpu: int, **fault: object) -> dict:
+        """Queue a simulated-GPU fault (DCGM error injection) or ``clear=True`` for ``node``'s agent,
+        which applies it to its simulated GPUs on its next long poll. Durable. Returns the queued
+        fault ``{"id", "gpu", ...}``. Raises NotFoundError for an unknown node, ValidationError for a
+        GPU index the node does not have, TooManyRequestsError (429) when
+        :data:`~apiary.control.nodes.MAX_QUEUED_FAULTS` already wait for the node."""
+        self.cache.known_node(node)
+        with self.cache.lock:
+            info = self.cache.scheduler.nodes()[node]
+        if not 0 <= gpu < info.gpus:
+            raise ValidationError("gpu", f"node {node} has GPUs 0..{info.gpus - 1}, not {gpu}")
+        data = {k: v for k, v in fault.items() if v is not None}
+        with self.cache.lock, self.cache.work("inject fault") as w:
+            s = w.s
+            queued = s.scalar(select(func.count()).select_from(NodeFault).where(NodeFault.node == node)) or 0
+            if queued >= MAX_QUEUED_FAULTS:
+                raise TooManyRequestsError(f"{queued} faults already wait for node {node}'s agent; retry later.")
+            row = NodeFault(node=node, gpu=gpu, fault=data, created=self.cache.clock())
+            s.add(row)
+            w.touched.add(node)
+            w.commit()
+            item = {"id": row.id, "gpu": gpu, **data}
+        logger.info("fault queued node=%s %s", node, item)
+        return item
