@@ -153,15 +153,17 @@ class Cell:
 
 
 class Segment:
-    """The leaves of one node that belong to one pool; ``free`` counts FREE leaves."""
+    """The leaves of one node that belong to one pool; ``free`` counts FREE leaves, ``oppo`` (kept for
+    the cluster-wide pool only) the leaves opportunistic groups use."""
 
-    __slots__ = ("node", "pool", "leaves", "free", "order", "index")
+    __slots__ = ("node", "pool", "leaves", "free", "oppo", "order", "index")
 
     def __init__(self, node: Cell, pool: PoolKey, order: int) -> None:
         self.node = node
         self.pool = pool
         self.leaves: dict[Cell, None] = {}
         self.free = 0
+        self.oppo = 0  # cluster-wide segment: leaves used by opportunistic groups (else 0)
         self.order = order
         self.index: list[BucketIndex] = []  # indices this segment is listed in while healthy
 
