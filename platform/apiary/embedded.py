@@ -4,13 +4,21 @@ A supervisor process starts and watches these children, restarting any that dies
 would), so a ``kill -9`` of any of them is survived:
 
 - ``control-plane``: store (SQLite in ``home``), scheduler, scheduling loop, REST API;
-- ``agent``: the node agents of every node in the cluster config, in one process, with
-  simulated GPUs (the cluster config's GPU count) when the machine has none;
+- ``agent``: the node agents of every node in the cluster config, in one process. With
+  ``simulated_gpus=None`` (``apiary up``) this host's node reads its real GPUs through NVML when
+  NVML answers and the node has no more GPUs in the config than NVML sees (:func:`choose_gpus`);
+  every other node, and every node without a driver, has simulated GPUs (the config's count);
 - ``prefect-server`` with its UI, ``prefect-bridge`` (mirrors every job into a flow run) and
   ``prefect-serve`` (serves the job-submission and scheduling-loop deployments).
 
 Prefect is off the launch path: jobs are accepted, scheduled and run with the three Prefect
 children dead; the bridge catches the UI up when they return.
+
+One platform per home: :meth:`Embedded.start` holds an exclusive ``flock`` on ``home/run/lock``
+for the platform's life (the file names the holder's pid and API URL); a second start on a live
+home raises :class:`HomeInUseError` before it starts or writes anything else. The Prefect server
+keeps its port across restarts (``home/run/prefect-port``), so the bookmarked UI and its login
+stay valid.
 
 The home holds the jobs' secrets (the store, task logs, launch records): it is made 0700 (also an
 existing one), and every child runs with umask 077, so what the platform writes there is 0600
@@ -19,10 +27,12 @@ existing one), and every child runs with umask 077, so what the platform writes 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -35,8 +45,9 @@ import httpx
 from apiary.auth.bootstrap import read_token, write_secret
 from apiary.client import ApiaryClient
 from apiary.control.config import check_cluster_config
-from apiary.errors import PlatformError, PortInUseError, UnavailableError
+from apiary.errors import PlatformError, PortInUseError, UnavailableError, UserError
 from apiary.images.daemons import Registry
+from apiary.monitoring.gpu import NvmlProbe, probe_nvml
 from apiary.procutil import (
     PRIVATE_UMASK,
     die_with_parent,
@@ -61,6 +72,58 @@ logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FLOWS_DIR = REPO_ROOT / "flows"
+
+
+class HomeInUseError(UserError):
+    """Another live platform holds this home's lock (``home/run/lock``). HTTP 409.
+
+    ``pid``: the holder's process id (its ``apiary up``) and ``api_url`` its API, as it recorded
+    them; None when it has not written them yet (it is starting)."""
+
+    status_code = 409
+    code = "HomeInUseError"
+
+    def __init__(self, home: Path, pid: int | None, api_url: str | None) -> None:
+        self.home, self.pid, self.api_url = home, pid, api_url
+        holder = f"pid {pid}" if pid else "a starting platform"
+        super().__init__(f"APIARY_HOME {home} is in use by the running platform ({holder}, API "
+                         f"{api_url or 'not answering yet'}); stop it first, or use another APIARY_HOME")
+
+
+@dataclass(frozen=True)
+class GpuChoice:
+    """Which nodes' agents read real GPUs through NVML (``nvml_nodes``; the others simulate
+    theirs), and ``note``, one line saying so and why, for the start banner."""
+
+    nvml_nodes: tuple[str, ...]
+    note: str
+
+
+def choose_gpus(nodes: dict[str, int], probe: NvmlProbe | None, hostname: str) -> GpuChoice:
+    """Real or simulated GPUs for an embedded platform's agents.
+
+    ``nodes``: the cluster config's nodes (name -> GPUs); ``probe``: what NVML answered on this
+    host (None: simulated GPUs were asked for); ``hostname``: this host's name. This host's node is
+    the one named like the host (its name or its first label), else the only node of a one-node
+    cluster. It reads NVML when NVML answers and the node has no more GPUs in the config than NVML
+    sees (the scheduler must not place work on GPUs that are not there); otherwise every node is
+    simulated, and the note says why."""
+    if probe is None:
+        return GpuChoice((), "simulated (asked with --simulated-gpus)")
+    if not probe.answers:
+        return GpuChoice((), f"simulated (NVML does not answer: {probe.reason})")
+    short = hostname.split(".", 1)[0]
+    mine = next((n for n in nodes if n in (hostname, short)), None)
+    if mine is None and len(nodes) == 1:
+        mine = next(iter(nodes))
+    seen = f"NVML sees {probe.count} GPU{'s' if probe.count != 1 else ''} ({', '.join(dict.fromkeys(probe.names))})"
+    if mine is None:
+        return GpuChoice((), f"simulated ({seen}, but no node of the cluster config is this host, {hostname})")
+    if nodes[mine] > probe.count:
+        return GpuChoice((), f"simulated ({seen}; node {mine} has {nodes[mine]} in the cluster config)")
+    others = len(nodes) - 1
+    rest = f"; the other {others} node{'s' if others != 1 else ''} simulated" if others else ""
+    return GpuChoice((mine,), f"NVML on node {mine} ({seen}, driver {probe.driver or '?'}){rest}")
 
 
 @dataclass
@@ -137,6 +200,14 @@ class Embedded:
     drill_schedules: bool = False
     registry: Registry | None = None
     dockerd: subprocess.Popen | None = None
+    #: Simulated GPUs on every node (True, the default for tests and demos), or None: this host's
+    #: node reads NVML when it can (:func:`choose_gpus`; ``apiary up`` without --simulated-gpus).
+    simulated_gpus: bool | None = True
+    #: What the agents use, one line (:attr:`GpuChoice.note`), once started.
+    gpu_note: str = ""
+    #: The Prefect server's port; None: the one this home used before (``home/run/prefect-port``)
+    #: while it is free, else a new free port, remembered.
+    prefect_port: int | None = None
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser().resolve()
@@ -144,6 +215,7 @@ class Embedded:
         self._thread: threading.Thread | None = None
         self._ports: set[int] = set()
         self._monitoring_ports: tuple[int, int] | None = None  # Prometheus, Alertmanager
+        self._lock_fd: int | None = None
 
     def _port(self) -> int:
         """A free port this platform has not handed to another of its children (the OS may
@@ -194,17 +266,20 @@ class Embedded:
         # The checks of PUT /api/v2/cluster/config, here: a bad config fails with its field named
         # (400), not as a control plane that exits with the field in its log.
         check_cluster_config(source)
-        # A second platform on this machine must not start on the first one's port: its control
-        # plane would fail to bind while the first one answered its health checks.
-        if self.api_port and port_in_use(self.api_port):
-            raise PortInUseError(self.api_port)
         try:
             private_dir(self.home)
         except OSError as e:
             raise PlatformError(f"cannot make the home {self.home} private (mode 0700): {e.strerror or e}") from e
-        cluster_id = ensure_cluster_id(self.home)
         run = self.home / "run"
         private_dir(run)
+        # One platform per home: a second one would adopt and kill the first one's tasks.
+        self._lock_home(run / "lock")
+        # A second platform on this machine must not start on the first one's port: its control
+        # plane would fail to bind while the first one answered its health checks.
+        for port in (self.api_port, self.prefect_port if self.prefect and not self.prefect_api_url else None):
+            if port and port_in_use(port):
+                raise PortInUseError(port)
+        cluster_id = ensure_cluster_id(self.home)
         if self.cluster is not None and (not target.exists() or source.resolve() != target):
             write_private(target, source.read_bytes())
         self.api_port = self.api_port or self._port()
@@ -230,16 +305,22 @@ class Embedded:
             raise PlatformError(f"{self.api_url} answers as cluster {answered}, not this platform's {cluster_id} "
                                 f"(another platform took port {self.api_port}?)")
         write_private(run / "api_url", self.api_url)
+        self._record_holder()
         # Every node agent serves /metrics on a port fixed here, so a restarted agent keeps its
         # Prometheus target.
-        nodes = [n["name"] for n in self.client().nodes()]
+        inventory = {n["name"]: int(n["gpus"]) for n in self.client().nodes()}
+        nodes = list(inventory)
         self.metrics_ports = {n: self._port() for n in nodes}
         runtime_args = ["--runtime", self.runtime]
         if self.runtime == "docker":
             runtime_args += self._start_docker(base, logs)
+        gpus = choose_gpus(inventory, None if self.simulated_gpus else probe_nvml(), socket.gethostname())
+        self.gpu_note = gpus.note
+        logger.info("GPUs: %s", gpus.note)
+        nvml_args = [arg for n in gpus.nvml_nodes for arg in ("--nvml-node", n)]
         self.children["agent"] = Child(
             "agent",
-            self._cli("agent", "--api", self.api_url, "--all-nodes", "--simulated-gpus",
+            self._cli("agent", "--api", self.api_url, "--all-nodes", "--simulated-gpus", *nvml_args,
                       "--state-dir", str(self.home / "agents"), "--workdir", self.workdir or os.getcwd(),
                       "--metrics-ports", json.dumps(self.metrics_ports), *runtime_args),
             base, logs / "agent.log",
@@ -254,6 +335,59 @@ class Embedded:
             "alertmanager": self.alertmanager_url, "registry": self.registry.url if self.registry else None,
         }))
         write_private(run / "supervisor.pid", str(os.getpid()))
+
+    def _lock_home(self, path: Path) -> None:
+        """Take the home's lock (``flock`` LOCK_EX on ``path``, held until :meth:`stop`); raises
+        HomeInUseError naming the holder (from the file) when a live platform holds it. A lock
+        left by a dead platform is free: the kernel drops it with the process."""
+        if self._lock_fd is not None:
+            return
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder: dict = {}
+            try:
+                holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+            except ValueError:
+                pass
+            os.close(fd)
+            raise HomeInUseError(self.home, holder.get("pid"), holder.get("api")) from None
+        self._lock_fd = fd
+
+    def _record_holder(self) -> None:
+        """Write this platform's pid and API URL into the lock file (for a second start's message)."""
+        if self._lock_fd is None:
+            return
+        doc = json.dumps({"pid": os.getpid(), "api": self.api_url}).encode()
+        os.ftruncate(self._lock_fd, 0)
+        os.pwrite(self._lock_fd, doc, 0)
+
+    def _unlock_home(self) -> None:
+        if self._lock_fd is not None:
+            os.ftruncate(self._lock_fd, 0)
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+    def _prefect_port_for_home(self) -> int:
+        """The Prefect server's port: ``prefect_port`` when given, else the one remembered in
+        ``home/run/prefect-port`` while it is free, else a new free port. Remembered either way,
+        so the UI's address (and the browser's login, kept per address) survives restarts."""
+        path = self.home / "run" / "prefect-port"
+        if self.prefect_port:
+            port = self.prefect_port
+        else:
+            try:
+                kept = int(path.read_text().strip()) if path.exists() else 0
+            except ValueError:
+                kept = 0
+            usable = 0 < kept < 65536 and kept != self.api_port and kept not in self._ports and not port_in_use(kept)
+            if kept and not usable:
+                logger.warning("prefect: port %d (kept in %s) is taken; the UI moves to a new port", kept, path)
+            port = kept if usable else self._port()
+        self._ports.add(port)
+        write_private(path, str(port))
+        return port
 
     def _start_docker(self, base: dict[str, str], logs: Path) -> list[str]:
         """dockerd (unless it answers), the registry (a supervised child, storage in
@@ -331,7 +465,7 @@ class Embedded:
             self.prefect_auth_string = self._prefect_auth()
             self.prefect_server = start_prefect_server(
                 self.home / "prefect", database_url=self._prefect_database(base.get("APIARY_DATABASE_URL")),
-                auth_string=self.prefect_auth_string, port=self._port(),
+                auth_string=self.prefect_auth_string, port=self._prefect_port_for_home(),
             )
         return self.prefect_server.api_url
 
@@ -441,9 +575,11 @@ class Embedded:
             except subprocess.TimeoutExpired:
                 self.dockerd.kill()
         if not self.children:
+            self._unlock_home()
             return  # start() refused before starting anything: the run files may be another platform's
         for f in ("api_url", "urls.json", "supervisor.pid"):
             (self.home / "run" / f).unlink(missing_ok=True)
+        self._unlock_home()
 
     def __enter__(self) -> Embedded:
         self.start()

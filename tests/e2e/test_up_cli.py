@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from tests.support.builders import LAB6
 from tests.support.polling import until
@@ -159,3 +160,95 @@ def test_users_groups_grants_tokens_and_login_from_the_cli(up, tmp_path: Path):
     cli("token", "revoke", mine["id"], **as_carol)
     r = cli("whoami", check=False, **as_carol)
     assert r.returncode == 1 and "401" in r.stderr
+
+
+def test_a_second_up_on_a_live_home_exits_1_naming_the_running_platform(up, tmp_path: Path):
+    """One platform per APIARY_HOME: the second ``apiary up`` (on another port) names the first one's
+    pid and URL and exits 1; the first one keeps its nodes and its tasks."""
+    proc, cli = up
+    env = {**os.environ, "APIARY_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "ph2"),
+           "DO_NOT_TRACK": "1"}
+    env.pop("APIARY_API_URL", None)
+    second = subprocess.run([*APIARY, "up", "--no-prefect", "--port", str(free_port())], env=env, cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=120)
+    said = " ".join((second.stdout + second.stderr).split())
+    assert second.returncode == 1, said
+    assert f"is in use by the running platform (pid {proc.pid}, API http://127.0.0.1:{proc.port})" in said
+    assert proc.poll() is None
+    assert sum(n["ready"] for n in json.loads(cli("node", "list", "--json").stdout)) == 2
+
+
+# ------------------------------------------------------------------------------ real GPUs through NVML
+ONE_NODE = """\
+physicalCluster:
+  skuTypes:
+    GPU-H: {gpu: 1, cpu: 2, memory: 4096Mi}
+  cellTypes:
+    GPU-H-NODE: {childCellType: GPU-H, childCellNumber: 1, isNodeLevel: true}
+    GPU-H-POOL: {childCellType: GPU-H-NODE, childCellNumber: 1}
+  physicalCells:
+  - cellType: GPU-H-POOL
+    cellChildren:
+    - cellAddress: gpu-box
+virtualClusters:
+  team:
+    virtualCells:
+    - {cellType: GPU-H-POOL.GPU-H-NODE, cellNumber: 1}
+"""
+FAKE_UUID = "GPU-5e1f0c3a-0000-4000-8000-00000000h200"
+
+#: A stand-in ``pynvml`` module (the monitoring tests' fake NVML as a module), first on PYTHONPATH
+#: of ``apiary up`` and so of its agent: one H200, or a machine without a driver.
+FAKE_PYNVML = """\
+from tests.monitoring.fake_nvml import FakeGpu, FakeNvml, NVMLError_LibraryNotFound
+
+_fake = FakeNvml([FakeGpu(name="NVIDIA H200", uuid={uuid!r}, mem_total=143771 * 1024 * 1024)],
+                 init_error=None if {answers} else NVMLError_LibraryNotFound())
+
+
+def __getattr__(name):
+    return getattr(_fake, name)
+"""
+
+
+@pytest.mark.parametrize("answers", [True, False], ids=["nvml-answers", "no-driver"])
+def test_up_s_agent_reports_real_gpus_when_nvml_answers(tmp_path: Path, answers: bool):
+    fake = tmp_path / "fake-nvml"
+    fake.mkdir()
+    (fake / "pynvml.py").write_text(FAKE_PYNVML.format(uuid=FAKE_UUID, answers=answers))
+    cluster = tmp_path / "one-node.yaml"
+    cluster.write_text(ONE_NODE)
+    home, port = tmp_path / "home", free_port()
+    env = {**os.environ, "APIARY_HOME": str(home), "PREFECT_HOME": str(tmp_path / "ph"), "DO_NOT_TRACK": "1",
+           "PYTHONPATH": os.pathsep.join([str(fake), str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    env.pop("APIARY_API_URL", None)
+    out = tmp_path / "up.out"
+    with out.open("w") as sink:
+        proc = subprocess.Popen([*APIARY, "up", "--no-prefect", "--port", str(port), "--cluster", str(cluster)],
+                                env=env, cwd=REPO_ROOT, stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+    try:
+        def node() -> dict | None:
+            if proc.poll() is not None:
+                raise AssertionError(f"apiary up exited {proc.returncode}: {out.read_text()[-3000:]}")
+            r = subprocess.run([*APIARY, "node", "list", "--json"], env=env, cwd=REPO_ROOT, capture_output=True,
+                               text=True, timeout=60)
+            nodes = json.loads(r.stdout) if r.returncode == 0 else []
+            return nodes[0] if nodes and nodes[0]["ready"] and nodes[0]["metricsUrl"] else None
+
+        box = until(node, 120, "node gpu-box ready")
+        said = " ".join(out.read_text().split())
+        metrics = httpx.get(box["metricsUrl"], timeout=10).text
+        if answers:
+            assert box["name"] == "gpu-box" and box["simulatedGpus"] is False
+            assert "GPUs: NVML on node gpu-box (NVML sees 1 GPU (NVIDIA H200), driver 550.54.15)" in said
+            assert FAKE_UUID in metrics and 'modelName="NVIDIA H200"' in metrics
+            assert "Simulated" not in metrics
+        else:
+            assert box["simulatedGpus"] is True
+            assert "GPUs: simulated (NVML does not answer: NVMLError_LibraryNotFound" in said
+            assert FAKE_UUID not in metrics
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(30)

@@ -90,9 +90,19 @@ def up(
     runtime: str = typer.Option(
         "process", help="Task runtime: process, or docker (starts dockerd if needed and a registry on loopback)."
     ),
+    prefect_port: int | None = typer.Option(
+        None, "--prefect-port", min=1, max=65535,
+        help="Prefect server and UI port on 127.0.0.1 (default: the one this APIARY_HOME used before, "
+             "else a free one, remembered).",
+    ),
+    simulated_gpus: bool = typer.Option(
+        False, "--simulated-gpus",
+        help="Simulate every node's GPUs even where NVML answers (default: this host's node uses its real "
+             "GPUs when NVML sees at least the cluster config's count).",
+    ),
 ) -> None:
-    """Start the embedded platform and keep it up until Ctrl-C."""
-    from apiary.embedded import Embedded
+    """Start the embedded platform and keep it up until Ctrl-C (one per APIARY_HOME)."""
+    from apiary.embedded import Embedded, HomeInUseError
 
     use_private_umask()  # the home holds the jobs' secrets: 0700, its files 0600
     _logging()
@@ -100,7 +110,8 @@ def up(
     if cluster is None and not settings.cluster_path.exists():
         cluster = Path(__file__).resolve().parents[3] / "examples/lab6/hived-config-two-vcs.yaml"
     platform = Embedded(home=settings.home_dir, cluster=cluster, api_port=port, prefect=prefect, monitoring=monitoring,
-                        runtime=runtime, drill_schedules=True)
+                        runtime=runtime, drill_schedules=True, prefect_port=prefect_port,
+                        simulated_gpus=True if simulated_gpus else None)
     stopping = {"flag": False}
 
     def _term(*_):
@@ -119,11 +130,16 @@ def up(
                           f"image map: {settings.home_dir / 'image-map.yaml'})")
         if platform.prometheus_url:
             console.print(f"Prometheus:  {platform.prometheus_url}   Alertmanager: {platform.alertmanager_url}")
+        console.print(f"GPUs:        {platform.gpu_note}", markup=False, highlight=False)
         console.print(f"Admin token: {settings.token_path}   (the CLI uses it; apiary user / group / token)")
         console.print(f"State:       {settings.home_dir}   Ctrl-C stops.")
         platform.supervise()
+    except HomeInUseError as e:
+        err.print(f"[red]error[/red]: {e.message}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
     except PortInUseError as e:
-        err.print(f"[red]error[/red]: {e.message}; use --port N", highlight=False, soft_wrap=True)
+        flag = "--prefect-port" if prefect_port is not None and e.port == prefect_port else "--port"
+        err.print(f"[red]error[/red]: {e.message}; use {flag} N", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     except ApiaryError as e:
         platform.stop()
@@ -150,6 +166,9 @@ def agent(
     node: list[str] = typer.Option([], help="Node(s) this process is the agent of."),
     all_nodes: bool = typer.Option(False, "--all-nodes", help="Be the agent of every node in the cluster config."),
     simulated_gpus: bool = typer.Option(False, "--simulated-gpus", help="Advertise the config's GPUs (no driver)."),
+    nvml_node: list[str] = typer.Option(
+        [], "--nvml-node", help="With --simulated-gpus: node(s) that read their real GPUs through NVML all the same."
+    ),
     state_dir: Path = typer.Option(Path("~/.apiary/agents")),
     credentials: Path | None = typer.Option(
         None, help="Directory of the nodes' agent-<node>.token files (default APIARY_HOME/credentials)."
@@ -204,11 +223,16 @@ def agent(
             ports = dict.fromkeys(nodes, 0)
         elif metrics_ports:
             ports = json.loads(metrics_ports)
-        await run_agents(
-            api, nodes, state_dir.expanduser(), simulated_gpus=simulated_gpus, workdir=workdir, stop=stop,
-            kill_tasks_on_exit=True, metrics_ports=ports, tokens=tokens, runtime=runtime, image_map=images,
-            metrics_host=metrics_host,
-        )
+        real = {n: g for n, g in nodes.items() if not simulated_gpus or n in nvml_node}
+        groups = [(real, False), ({n: g for n, g in nodes.items() if n not in real}, True)]
+        await asyncio.gather(*(
+            run_agents(
+                api, group, state_dir.expanduser(), simulated_gpus=simulated, workdir=workdir, stop=stop,
+                kill_tasks_on_exit=True, metrics_ports=ports, tokens=tokens, runtime=runtime, image_map=images,
+                metrics_host=metrics_host,
+            )
+            for group, simulated in groups if group
+        ))
 
     asyncio.run(main())
 

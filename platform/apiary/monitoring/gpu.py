@@ -284,6 +284,57 @@ class NvmlGpus:
         return s
 
 
+@dataclass(frozen=True)
+class NvmlProbe:
+    """What NVML answers on this host, once: the ``names`` of its GPUs (index order) and the
+    ``driver`` version, or the ``reason`` it does not answer (no driver, no GPU)."""
+
+    names: tuple[str, ...] = ()
+    driver: str = ""
+    reason: str = ""
+
+    @property
+    def answers(self) -> bool:
+        """NVML initialised and sees at least one GPU."""
+        return not self.reason
+
+    @property
+    def count(self) -> int:
+        return len(self.names)
+
+
+def probe_nvml(nvml: Any = None) -> NvmlProbe:
+    """Ask NVML (``nvml``: the ``pynvml`` module, imported here when None, or a stand-in) how many
+    GPUs this host has: ``nvmlInit``, the count and names, ``nvmlShutdown``. Never raises: an
+    ImportError, a missing driver (``NVMLError_LibraryNotFound``, ``NVMLError_DriverNotLoaded``) or
+    no GPU is a probe that does not answer, with the reason."""
+    try:
+        if nvml is None:
+            import pynvml  # the nvidia-ml-py distribution
+
+            nvml = pynvml
+        nvml.nvmlInit()
+    except Exception as exc:  # noqa: BLE001 - any failure means: no NVML here
+        return NvmlProbe(reason=f"{type(exc).__name__}: {exc}")
+    try:
+        count = int(nvml.nvmlDeviceGetCount())
+        names = tuple(_text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count))
+        try:
+            driver = _text(nvml.nvmlSystemGetDriverVersion())
+        except Exception:  # noqa: BLE001 - the version is for the start line only
+            driver = ""
+    except Exception as exc:  # noqa: BLE001
+        return NvmlProbe(reason=f"{type(exc).__name__}: {exc}")
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001, S110 - nothing to undo
+            pass
+    if not names:
+        return NvmlProbe(driver=driver, reason="NVML answers but sees no GPU")
+    return NvmlProbe(names=names, driver=driver)
+
+
 # ---------------------------------------------------------------------------------------- simulated
 
 
