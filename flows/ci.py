@@ -98,7 +98,7 @@ def platform_ci(request: dict[str, Any], delivery: str | None = None) -> State:
     log.info("platform-ci for %s (delivery %s)", commit.run_name(), delivery)
     holder: dict[str, Any] = {}
     report = ci_pipeline(commit, CiConfig.from_env(), runner=prefect_runner(holder), flow_run_id=str(flow_run.id),
-                         log=log, on_context=lambda ctx: holder.__setitem__("ctx", ctx))
+                         log=log, on_context=lambda ctx: holder.__setitem__("ctx", ctx), delivery=delivery)
     return _finish(report)
 
 
@@ -152,7 +152,7 @@ def platform_deploy(request: dict[str, Any], delivery: str | None = None, force:
         if not passed:
             return Failed(message=why[:1000], data={"result": "refused", "reason": why})
     outcome = deploy_commit(commit, config, trigger="manual" if force else "push", flow_run_id=str(flow_run.id),
-                            log=log, step_runner=_step_runner)
+                            log=log, step_runner=_step_runner, delivery=delivery)
     message = f"{commit.short}: {outcome.result}" + (f" - {outcome.reason}" if outcome.reason else "")
     if outcome.record:
         create_table_artifact(key="deploy-steps", table=outcome.record["steps"], description=message[:500])

@@ -150,6 +150,7 @@ ACCESS: dict[tuple[str, str], Access] = {
     ("GET", "/api/v2/ci/deliveries"): _a("admin"),
     ("POST", "/api/v2/ci/runs"): _a("admin", "bridge"),
     ("GET", "/api/v2/ci/runs"): _a("admin", "bridge"),
+    ("GET", "/api/v2/ci/records"): _a("admin", "bridge"),
     ("POST", "/api/v2/deployments"): _a("admin", "bridge"),
     ("GET", "/api/v2/deployments"): _a("admin"),
     # incidents

@@ -1,17 +1,26 @@
 """The webhook intake: record a delivery in the store first, start its pipeline in the background.
 
+A delivery is the first part of a CI record (:class:`apiary.store.models.CiRecord`, see
+:mod:`apiary.ci.records`): the pipeline run and the deployment it leads to are reported onto the
+same record later. Every write goes through the store's unit of work.
+
 1. :meth:`WebhookIntake.accept` (on the request's path, fast): classify the delivery and insert its
-   ``ci_deliveries`` row with the SHA-256 of its body. A delivery id already there is a duplicate,
+   record (``received``) with the SHA-256 of its body. A delivery id already there is a duplicate,
    and so is a body already there for the same event under another delivery id (GitHub's signature
    covers the body only, so a captured delivery could otherwise be replayed with a fresh id; a
    unique index on ``(event, body_sha256)`` decides, across restarts and between concurrent
    requests): nothing new is recorded or started. The row is committed before anything is
-   started, so a crash after the answer loses nothing (the row stays ``accepted``).
+   started, so a crash after the answer loses nothing (the record stays ``received``).
 2. :meth:`WebhookIntake.start_later` hands a pipeline request to one daemon thread, which calls the
    :class:`~apiary.ci.starter.PipelineStarter` and records the outcome: ``started`` with the flow
-   run id, ``pending`` with the reason (no deployment yet; Prefect not reachable), or ``failed``.
+   run id, ``pending`` with the reason (no deployment yet; Prefect not reachable), or
+   ``not_started`` (the start failed).
 
-Not done yet: rows left ``accepted`` or ``pending`` by a restart or an absent deployment are not
+``GET /api/v2/ci/deliveries`` shows a record's delivery with the states it always had:
+``accepted`` (received), ``pending``, ``failed`` (not started) and ``started`` (started, and every
+state after it).
+
+Not done yet: records left ``received`` or ``pending`` by a restart or an absent deployment are not
 retried automatically (a later sweep can: the row holds everything the start needs).
 """
 
@@ -26,12 +35,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
+from apiary.ci.records import clip
 from apiary.ci.starter import Pending, PipelineStarter, StartLater
 from apiary.ci.webhooks import Classified, Ping, PipelineRequest, classify
-from apiary.store.models import CiDelivery
+from apiary.errors import ConflictError
+from apiary.store.models import CiRecord
+from apiary.store.unit import Sessions, UnitOfWork, reading
 
 logger = logging.getLogger(__name__)
 
@@ -48,11 +58,10 @@ class Accepted:
     request: PipelineRequest | None
 
 
-def _clip(value: object, limit: int) -> str | None:
-    """``value`` as storable text (no NUL: PostgreSQL text cannot hold one), at most ``limit`` characters."""
-    if value is None:
-        return None
-    return str(value).replace("\x00", "")[:limit]
+#: A record's state as ``GET /api/v2/ci/deliveries`` shows it (any later state: ``started``).
+DELIVERY_STATE = {"received": "accepted", "pending": "pending", "not_started": "failed"}
+#: The states a start outcome may replace (a pipeline that already reported is further along).
+_BEFORE_START = ("received", "pending", "not_started")
 
 
 class WebhookIntake:
@@ -61,7 +70,7 @@ class WebhookIntake:
     ``secret`` is the webhook secret (``APIARY_GITHUB_WEBHOOK_SECRET``); None or empty: the intake
     is not configured and the route accepts nothing. ``clock`` gives unix seconds."""
 
-    def __init__(self, sessions: Callable[[], Session], starter: PipelineStarter, secret: str | None,
+    def __init__(self, sessions: Sessions, starter: PipelineStarter, secret: str | None,
                  clock: Callable[[], float] = time.time) -> None:
         self.sessions = sessions
         self.starter = starter
@@ -83,22 +92,22 @@ class WebhookIntake:
         what: Classified = classify(event, payload)
         request = what if isinstance(what, PipelineRequest) else None
         reason = getattr(what, "reason", "") if not isinstance(what, Ping) else "pong"
-        row = CiDelivery(
-            delivery=delivery, event=event, action=_clip(payload.get("action"), 64), repo=_clip(what.repo, 200),
-            pr_number=request.pr_number if request else None, sha=_clip(request.sha, 64) if request else None,
-            ref=_clip(request.ref, 300) if request else None, kind=what.kind, state="accepted",
-            reason=_clip(reason, 2000) or "", received_at=self.clock(), body_sha256=body_sha256,
+        row = CiRecord(
+            delivery=delivery, event=event, action=clip(payload.get("action"), 64), repo=clip(what.repo, 200),
+            pr_number=request.pr_number if request else None, sha=clip(request.sha, 64) if request else None,
+            ref=clip(request.ref, 300) if request else None, kind=what.kind, state="received",
+            delivery_reason=clip(reason, 2000) or "", received_at=self.clock(), body_sha256=body_sha256, stages=[],
         )
         try:
-            with self.sessions() as session, session.begin():
-                session.add(row)
-        except IntegrityError:
-            with self.sessions() as session:
-                if session.get(CiDelivery, delivery) is not None:
+            with UnitOfWork(self.sessions, "record the GitHub delivery") as uow:
+                uow.s.add(row)
+        except ConflictError:
+            with reading(self.sessions, "read the GitHub deliveries") as s:
+                if s.scalars(select(CiRecord.id).where(CiRecord.delivery == delivery)).first() is not None:
                     logger.info("ci delivery duplicate: delivery=%s event=%s", delivery, event)
                     return Accepted(delivery, event, what.kind, True, "already received", None)
-                first = session.scalars(select(CiDelivery.delivery).where(
-                    CiDelivery.event == event, CiDelivery.body_sha256 == body_sha256).limit(1)).first()
+                first = s.scalars(select(CiRecord.delivery).where(
+                    CiRecord.event == event, CiRecord.body_sha256 == body_sha256).limit(1)).first()
             if first is None:
                 raise  # neither the delivery id nor the body: a real failure
             logger.warning("ci delivery replayed: delivery=%s event=%s has the body of delivery=%s",
@@ -125,13 +134,14 @@ class WebhookIntake:
                 logger.exception("ci start failed unrecorded: delivery=%s", delivery)
 
     def start(self, delivery: str, request: PipelineRequest) -> None:
-        """Start ``request``'s pipeline now (blocking) and record the outcome on its row."""
+        """Start ``request``'s pipeline now (blocking) and record the outcome on its record: the
+        started flow run always, the state only while the pipeline has not reported yet."""
         try:
             outcome = self.starter.start(delivery, request)
         except StartLater as exc:
             state, flow_run_id, reason = "pending", None, exc.message
         except Exception as exc:
-            state, flow_run_id, reason = "failed", None, f"{type(exc).__name__}: {exc}"
+            state, flow_run_id, reason = "not_started", None, f"{type(exc).__name__}: {exc}"
         else:
             if isinstance(outcome, Pending):
                 state, flow_run_id, reason = "pending", None, outcome.reason
@@ -139,18 +149,24 @@ class WebhookIntake:
                 state, flow_run_id, reason = "started", outcome.flow_run_id, ""
         logger.info("ci start: delivery=%s kind=%s state=%s flow_run=%s reason=%s",
                     delivery, request.kind, state, flow_run_id, reason)
-        with self.sessions() as session, session.begin():
-            row = session.get(CiDelivery, delivery)
+        with UnitOfWork(self.sessions, "record the pipeline start") as uow:
+            row = uow.s.scalars(select(CiRecord).where(CiRecord.delivery == delivery)).first()
             if row is not None:
-                row.state, row.flow_run_id, row.reason = state, flow_run_id, _clip(reason, 2000) or ""
+                row.started_flow_run_id, row.delivery_reason = flow_run_id, clip(reason, 2000) or ""
+                if row.state in _BEFORE_START:
+                    row.state = state
 
     def recent(self, limit: int = 100) -> list[dict[str, Any]]:
-        """The newest ``limit`` deliveries, newest first."""
-        with self.sessions() as session:
-            rows = session.scalars(select(CiDelivery).order_by(CiDelivery.received_at.desc()).limit(limit)).all()
+        """The newest ``limit`` deliveries, newest first (``state``: :data:`DELIVERY_STATE`;
+        ``record``: the CI record's own state)."""
+        with reading(self.sessions, "read the GitHub deliveries") as s:
+            rows = s.scalars(select(CiRecord).where(CiRecord.delivery.is_not(None))
+                             .order_by(CiRecord.received_at.desc(), CiRecord.id.desc()).limit(limit)).all()
             return [
-                {"delivery": r.delivery, "event": r.event, "action": r.action, "repo": r.repo,
-                 "prNumber": r.pr_number, "sha": r.sha, "ref": r.ref, "kind": r.kind, "state": r.state,
-                 "flowRunId": r.flow_run_id, "reason": r.reason, "receivedAt": r.received_at}
+                {"delivery": r.delivery, "event": r.event or "", "action": r.action, "repo": r.repo,
+                 "prNumber": r.pr_number, "sha": r.sha, "ref": r.ref, "kind": r.kind,
+                 "state": DELIVERY_STATE.get(r.state, "started"), "record": r.state,
+                 "flowRunId": r.started_flow_run_id, "reason": r.delivery_reason,
+                 "receivedAt": r.received_at or 0.0}
                 for r in rows
             ]

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from apiary.control.views import iso
+from apiary.timefmt import iso
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from functools import partial
 from typing import Any, Literal, Protocol
 
 from apiary.ci.containers import COMPONENT_IMAGE, COMPONENTS, GateResult, PlatformImages
-from apiary.control.views import iso
+from apiary.timefmt import iso
 
 logger = logging.getLogger(__name__)
 

@@ -3,15 +3,18 @@
 * :func:`ci_pipeline`: records the run as ``running`` on the control plane and posts a ``pending``
   commit status, runs the stages (:func:`apiary.ci.pipeline.run_pipeline`), removes the workspace
   (the artifacts stay), records the final result.
-* :func:`ci_gate` then :func:`deploy_commit`: for a push to the default branch. The gate looks for
-  a ``success`` run of the pipeline for that sha (runs it when there is none); the deploy rolls the
+* :func:`ci_gate` then :func:`deploy_commit`: for a push to the default branch. The gate asks the
+  recording API for a ``success`` run of the pipeline for that sha (the store filters; runs the
+  pipeline when there is none); the deploy rolls the
   production platform forward to the sha's images (:func:`apiary.ci.rollout.rollout`: one
   component at a time, each gated on health, everything rolled back on a failed gate) and records
   the deployment. Forcing (an operator's decision) skips the gate; the health gates still guard
   production.
 
-Recording is best effort: an unreachable control plane is logged and the pipeline goes on (the
-verdict and the commit status do not depend on it).
+Both report the GitHub ``delivery`` that started them, when there is one, so the delivery, its
+pipeline run and its deployment are one CI record (:mod:`apiary.ci.records`). Recording is best
+effort: an unreachable control plane is logged and the pipeline goes on (the verdict and the
+commit status do not depend on it).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 
 from apiary.ci.config import CiConfig
 from apiary.ci.pipeline import CiContext, Commit, PipelineReport, Runner, Stage, direct_runner, run_pipeline
-from apiary.control.views import iso
+from apiary.timefmt import iso
 
 logger = logging.getLogger(__name__)
 
@@ -81,9 +84,10 @@ def make_context(commit: Commit, config: CiConfig, flow_run_id: str | None = Non
 
 def ci_pipeline(commit: Commit, config: CiConfig, *, runner: Runner = direct_runner, flow_run_id: str | None = None,
                 log: Any = None, stages: dict[str, Stage] | None = None,
-                on_context: Callable[[CiContext], None] | None = None) -> PipelineReport:
+                on_context: Callable[[CiContext], None] | None = None, delivery: str | None = None) -> PipelineReport:
     """Run ``platform-ci`` for ``commit`` (see the module docstring); returns the report.
-    ``on_context`` sees the context before the first stage (the flow uses it to switch loggers)."""
+    ``on_context`` sees the context before the first stage (the flow uses it to switch loggers);
+    ``delivery``: the GitHub delivery that asked for the run (its CI record gets the run)."""
     from apiary.ci import stages as stage_mod
 
     ctx = make_context(commit, config, flow_run_id, log)
@@ -93,6 +97,8 @@ def ci_pipeline(commit: Commit, config: CiConfig, *, runner: Runner = direct_run
         "flowRunId": flow_run_id or ctx.artifacts.name, "repo": commit.repo, "prNumber": commit.pr_number,
         "sha": commit.sha, "ref": commit.ref or "-", "kind": commit.kind, "result": "running",
         "startedAt": iso(time.time()), "stages": [], "targetUrl": ctx.target_url}
+    if delivery:
+        started["delivery"] = delivery
     record(config, "ci_run", started, ctx.log)
     try:
         stage_mod.post_status(config, commit.repo, commit.sha,
@@ -105,7 +111,10 @@ def ci_pipeline(commit: Commit, config: CiConfig, *, runner: Runner = direct_run
     finally:
         shutil.rmtree(ctx.workspace, ignore_errors=True)
     report.flow_run_id = str(started["flowRunId"])
-    record(config, "ci_run", report.record(), ctx.log)
+    final = report.record()
+    if delivery:
+        final["delivery"] = delivery
+    record(config, "ci_run", final, ctx.log)
     ctx.log.info("platform-ci %s: %s (%s)", commit.run_name(), report.result, report.description())
     return report
 
@@ -125,18 +134,20 @@ class DeployOutcome:
 
 
 def passing_run(config: CiConfig, sha: str) -> dict[str, Any] | None:
-    """The latest recorded ``success`` run of the pipeline for ``sha`` (None: none, or no recorder)."""
+    """The latest recorded ``success`` run of the pipeline for ``sha`` (None: none, or no recorder),
+    asked of the API by sha (``GET /api/v2/ci/runs?sha=&result=success&limit=1``: the store filters)."""
     client = _client(config)
     if client is None:
         return None
     try:
-        runs = client.ci_runs(limit=200, result="success")
+        runs = client.ci_runs(limit=1, result="success", sha=sha.lower())
     except Exception as exc:
         logger.warning("cannot read the CI runs: %s", exc)
         return None
     finally:
         client.close()
-    return next((r for r in runs if r.get("sha") == sha), None)
+    # the API matches a prefix: a longer sha that starts with this one is another commit
+    return next((r for r in runs if str(r.get("sha", "")) == sha.lower()), None)
 
 
 def production_platform(config: CiConfig) -> Any:
@@ -174,11 +185,11 @@ def ci_gate(commit: Commit, config: CiConfig, run_ci: Callable[[], tuple[bool, s
 
 def deploy_commit(commit: Commit, config: CiConfig, *, trigger: str = "push", flow_run_id: str | None = None,
                   log: Any = None, rollout_fn: Callable[..., Any] | None = None,
-                  step_runner: Callable[..., Any] | None = None) -> DeployOutcome:
+                  step_runner: Callable[..., Any] | None = None, delivery: str | None = None) -> DeployOutcome:
     """Roll production forward to ``commit``'s images (the caller checked :func:`ci_gate`, or an
-    operator forces it: ``trigger="manual"``) and record the deployment. ``step_runner``: passed to
-    :func:`apiary.ci.rollout.rollout`. Never raises for a failed gate; raises ValueError when no
-    production platform or registry is configured."""
+    operator forces it: ``trigger="manual"``) and record the deployment (on ``delivery``'s CI
+    record when given). ``step_runner``: passed to :func:`apiary.ci.rollout.rollout`. Never raises
+    for a failed gate; raises ValueError when no production platform or registry is configured."""
     from apiary.ci.containers import PlatformImages
     from apiary.ci.rollout import rollout
 
@@ -197,6 +208,8 @@ def deploy_commit(commit: Commit, config: CiConfig, *, trigger: str = "push", fl
                                      **({"step_runner": step_runner} if step_runner else {}))
     body = result.to_record()
     body["flowRunId"] = flow_run_id
+    if delivery:
+        body["delivery"] = delivery
     record(config, "deployment", body, log)
     log.info("deploy %s: %s %s", commit.short, body["result"], body.get("reason") or "")
     return DeployOutcome(body["result"], body.get("reason"), body)

@@ -262,90 +262,79 @@ class Token(Base):
     revoked: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
-class CiDelivery(Base):
-    """One GitHub webhook delivery the CI intake accepted (:mod:`apiary.ci`), keyed by GitHub's
-    delivery id (``X-GitHub-Delivery``) so a redelivery is recognised across restarts.
+class CiRecord(Base):
+    """One CI record (:mod:`apiary.ci.records`): a GitHub delivery, the pipeline run it started and
+    the deployment that followed, in one row whose ``state`` advances.
 
-    ``kind``: ``pr``, ``deploy``, ``ping`` or ``ignored``. ``state``: ``accepted`` (recorded, the
-    start not yet tried), ``started`` (``flow_run_id`` set), ``pending`` (nothing started yet:
-    ``reason`` says why, e.g. no such deployment) or ``failed`` (``reason``). Pings and ignored
-    deliveries stay ``accepted``. ``received_at`` is unix seconds. ``body_sha256``: the SHA-256 hex
-    of the raw body (None on rows from before it was kept), unique per ``event``: the signature
-    covers only the body, so the same body under a new delivery id is a replay, not a new delivery."""
+    ``state``: ``received`` (the delivery is recorded; pings and ignored deliveries stay so),
+    ``pending`` (not started yet: ``delivery_reason`` says why), ``not_started`` (the start
+    failed), ``started`` (a flow run is started: ``started_flow_run_id``), ``running`` (the
+    pipeline reports stage results), ``passed`` / ``failed`` (the pipeline's verdict), then
+    ``deployed``, ``rolled_back`` or ``deploy_failed`` (the deployment's result).
 
-    __tablename__ = "ci_deliveries"
-    __table_args__ = (Index("ux_ci_deliveries_event_body", "event", "body_sha256", unique=True),)
+    The delivery: ``delivery`` (GitHub's ``X-GitHub-Delivery``, unique: a redelivery is recognised
+    across restarts), ``event``, ``action``, ``received_at``, ``body_sha256`` (the SHA-256 hex of
+    the raw body, unique per ``event``: the signature covers only the body, so the same body under
+    a new delivery id is a replay; None on rows from before it was kept) and ``delivery_reason``.
+    A run reported without a delivery (``ci/run-pipeline``, a forced deploy) has none of these.
+    ``kind``: ``pr``, ``deploy``, ``ping`` or ``ignored``.
 
-    delivery: Mapped[str] = mapped_column(String(64), primary_key=True)
-    event: Mapped[str] = mapped_column(String(64))
-    action: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    The pipeline run (``result`` None until the flow reports one): ``flow_run_id`` (its Prefect
+    flow run, unique: the upsert key without a delivery), ``result`` (``running``, ``success``,
+    ``failure``: ``failed_stage``, or ``error``), ``reason``, ``stages`` (``[{"name", "state",
+    "durationS", "summary"}]`` in order), ``target_url``.
+
+    The deployment (``deploy_result`` None until one is reported): ``deploy_flow_run_id`` (unique),
+    ``images`` / ``previous_images`` (``{component: image}``), ``actor``, ``trigger`` (``push``,
+    ``rollback``, ``manual``), ``deploy_result`` (``succeeded``, ``rolled_back``, ``failed``),
+    ``deploy_reason``, ``steps`` (``[{"component", "image", "gate", "ok", "detail", "durationS"}]``).
+
+    Times are unix seconds; text is clipped to the column's length and has no NUL."""
+
+    __tablename__ = "ci_records"
+    __table_args__ = (Index("ux_ci_records_event_body", "event", "body_sha256", unique=True),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    state: Mapped[str] = mapped_column(String(16), default="received", index=True)
+    kind: Mapped[str] = mapped_column(String(16))
     repo: Mapped[str | None] = mapped_column(String(200), nullable=True)
     pr_number: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    sha: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    sha: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     ref: Mapped[str | None] = mapped_column(String(300), nullable=True)
-    kind: Mapped[str] = mapped_column(String(16))
-    state: Mapped[str] = mapped_column(String(16))
-    flow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    reason: Mapped[str] = mapped_column(Text, default="")
-    received_at: Mapped[float] = mapped_column(Float, index=True)
+    # the delivery
+    delivery: Mapped[str | None] = mapped_column(String(64), nullable=True, unique=True)
+    event: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    action: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    received_at: Mapped[float | None] = mapped_column(Float, nullable=True, index=True)
     body_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
-
-
-class CiRun(Base):
-    """One CI pipeline run (a Prefect flow run of the PR or the default-branch pipeline), as the
-    flow reports it (:mod:`apiary.ci.records`). Upserted on ``flow_run_id``: the flow posts
-    ``running`` when it starts and its result when it ends.
-
-    ``kind``: ``pr`` or ``deploy`` (the default-branch pipeline). ``result``: ``running``,
-    ``success``, ``failure`` (a stage failed: ``failed_stage``) or ``error`` (the pipeline itself
-    broke). ``stages``: ``[{"name", "state", "durationS", "summary"}]`` in order, ``state`` one of
-    ``passed``, ``failed``, ``skipped``, ``error``, ``running``. Times are unix seconds; text is
-    clipped to the column's length and has no NUL."""
-
-    __tablename__ = "ci_runs"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    flow_run_id: Mapped[str] = mapped_column(String(64), unique=True)
-    repo: Mapped[str] = mapped_column(String(200))
-    pr_number: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    sha: Mapped[str] = mapped_column(String(64))
-    ref: Mapped[str] = mapped_column(String(300))
-    kind: Mapped[str] = mapped_column(String(16))
-    result: Mapped[str] = mapped_column(String(16))
+    started_flow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    delivery_reason: Mapped[str] = mapped_column(Text, default="")
+    # the pipeline run
+    flow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True, unique=True)
+    result: Mapped[str | None] = mapped_column(String(16), nullable=True)
     failed_stage: Mapped[str | None] = mapped_column(String(100), nullable=True)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
-    started_at: Mapped[float] = mapped_column(Float, index=True)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True, index=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     duration_s: Mapped[float | None] = mapped_column(Float, nullable=True)
-    stages: Mapped[list] = mapped_column(JSON)
+    stages: Mapped[list] = mapped_column(JSON, default=list)
     target_url: Mapped[str | None] = mapped_column(String(2048), nullable=True)
-
-
-class Deployment(Base):
-    """One production deployment (the deploy flow's rollout, or a rollback), as the flow reports it.
-
-    ``images``: ``{component: image}`` deployed (``control-plane``, ``agent``, ``prefect``);
-    ``previous_images`` what ran before (None on the first deployment). ``trigger``: ``push``,
-    ``rollback`` or ``manual``. ``result``: ``succeeded``, ``rolled_back`` (a gate failed and the
-    previous images were restored) or ``failed``. ``steps``: ``[{"component", "image", "gate", "ok",
-    "detail", "durationS"}]`` in order. ``flow_run_id``, when given, makes a repeated report update
-    its row instead of adding one. Times are unix seconds."""
-
-    __tablename__ = "deployments"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    sha: Mapped[str] = mapped_column(String(64), index=True)
-    images: Mapped[dict] = mapped_column(JSON)
+    # the deployment
+    deploy_flow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True, unique=True)
+    images: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     previous_images: Mapped[dict | None] = mapped_column(JSON, nullable=True)
-    actor: Mapped[str] = mapped_column(String(200))
-    trigger: Mapped[str] = mapped_column(String(16))
-    started_at: Mapped[float] = mapped_column(Float, index=True)
-    finished_at: Mapped[float] = mapped_column(Float)
-    duration_s: Mapped[float] = mapped_column(Float)
-    result: Mapped[str] = mapped_column(String(16))
-    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
-    steps: Mapped[list] = mapped_column(JSON)
-    flow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True, unique=True)
+    actor: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    trigger: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    deploy_started_at: Mapped[float | None] = mapped_column(Float, nullable=True, index=True)
+    deploy_finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    deploy_duration_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    deploy_result: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    deploy_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    steps: Mapped[list | None] = mapped_column(JSON, nullable=True)
+
+
+#: The record's former name, kept for code that builds pipeline-run rows directly.
+CiRun = CiRecord
 
 
 class IncidentRow(Base):

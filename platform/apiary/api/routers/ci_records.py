@@ -1,10 +1,18 @@
 """CI/CD record routes: the pipeline flows report their runs and deployments here (:mod:`apiary.ci.records`).
 
-* ``POST /api/v2/ci/runs``: one pipeline run, upserted on ``flowRunId`` (the flow posts ``running``
-  when it starts and its result when it ends): 201 when new, 200 when it updated the run.
-* ``GET /api/v2/ci/runs?limit=&repo=&result=&kind=``: ``{"runs": [...]}``, newest first.
-* ``POST /api/v2/deployments``: one production deployment (201; 200 when its ``flowRunId`` was
-  already recorded: the row is updated).
+A GitHub delivery, its pipeline run and its deployment are one CI record whose ``state`` advances
+(``received`` .. ``started``, ``running``, ``passed`` / ``failed``, ``deployed`` / ``rolled_back`` /
+``deploy_failed``); a report naming its ``delivery`` lands on that delivery's record.
+
+* ``POST /api/v2/ci/runs``: one pipeline run, upserted on its ``delivery`` (when given) or its
+  ``flowRunId`` (the flow posts ``running`` when it starts and its result when it ends): 201 when
+  the record is new, 200 when it updated one.
+* ``GET /api/v2/ci/runs?limit=&repo=&result=&kind=&sha=``: ``{"runs": [...]}``, newest first;
+  ``sha`` matches a prefix, in the store (the deploy gate asks for its commit's passing run).
+* ``GET /api/v2/ci/records?limit=&sha=&state=&delivery=``: ``{"records": [...]}``, whole records
+  (delivery, run, deployment, state), newest first.
+* ``POST /api/v2/deployments``: one production deployment (201; 200 when it landed on a record
+  already there: its delivery's, or the one with its ``flowRunId``).
 * ``GET /api/v2/deployments?limit=&sha=&result=``: ``{"deployments": [...]}``, newest first;
   ``sha`` matches a prefix (a short sha).
 
@@ -42,6 +50,7 @@ _SHA = r"^[0-9a-fA-F]{7,64}$"
 _REPO = r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$"
 _FLOW_RUN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
 _COMPONENT = r"^[a-z0-9][a-z0-9-]{0,63}$"
+_DELIVERY = r"^[A-Za-z0-9-]{1,64}$"  # GitHub's X-GitHub-Delivery, as the webhook route takes it
 
 
 def _utc(value: datetime) -> datetime:
@@ -121,6 +130,8 @@ class CiRunReport(_Timed):
     stages: list[CiStage] = Field(default=[], max_length=records.MAX_STAGES)
     targetUrl: str | None = Field(default=None, max_length=records.MAX_URL, pattern=r"^https?://\S+$",
                                   description="Where the run is shown (the Prefect UI's flow run page).")
+    delivery: str | None = Field(default=None, pattern=_DELIVERY,
+                                 description="The GitHub delivery that started the run: its record is updated.")
 
 
 class DeploymentReport(_Timed):
@@ -139,6 +150,8 @@ class DeploymentReport(_Timed):
     steps: list[DeployStep] = Field(default=[], max_length=records.MAX_STEPS)
     flowRunId: str | None = Field(default=None, pattern=_FLOW_RUN,
                                   description="The deploy flow run; a second report of it updates the first.")
+    delivery: str | None = Field(default=None, pattern=_DELIVERY,
+                                 description="The GitHub delivery that started the deploy: its record is updated.")
 
 
 class CiRunJson(BaseModel):
@@ -187,6 +200,41 @@ class DeploymentsPage(BaseModel):
     deployments: list[DeploymentJson] = Field(description="Newest first.")
 
 
+#: :data:`apiary.ci.records.STATES`, in the order a record advances.
+RecordState = Literal["received", "pending", "not_started", "started", "running", "passed", "failed", "deployed",
+                      "rolled_back", "deploy_failed"]
+
+
+class CiDeliveryPart(BaseModel):
+    """The GitHub delivery a CI record began with; ``flowRunId``: the flow run it started."""
+
+    delivery: str
+    event: str | None
+    action: str | None
+    receivedAt: datetime | None
+    flowRunId: str | None
+    reason: str
+
+
+class CiRecordJson(BaseModel):
+    """One CI record: a delivery, its pipeline run and its deployment, with the state it reached."""
+
+    id: int
+    state: RecordState
+    kind: str = Field(description="pr, deploy, ping or ignored.")
+    repo: str | None
+    prNumber: int | None
+    sha: str | None
+    ref: str | None
+    delivery: CiDeliveryPart | None = Field(description="None: the run or deployment was reported directly.")
+    run: CiRunJson | None = Field(description="None: no pipeline run reported yet.")
+    deployment: DeploymentJson | None = Field(description="None: not deployed.")
+
+
+class CiRecordsPage(BaseModel):
+    records: list[CiRecordJson] = Field(description="Newest first.")
+
+
 async def get_records(request: Request) -> CiRecords:
     return CiRecords(request.app.state.plane.sessions)
 
@@ -198,8 +246,9 @@ Limit = Annotated[int, Query(ge=1, le=1000, description="At most this many, newe
 @router.post("/ci/runs", status_code=201, response_model=CiRunJson,
              responses={200: {"model": CiRunJson, "description": "The run was recorded already: updated."}})
 def record_run(body: CiRunReport, response: Response, ci: Records, _caller: AdminOrBridge) -> dict:
-    """Record one pipeline run, or update it (same ``flowRunId``): 201 when new, 200 when updated.
-    Admins and the Prefect service token only."""
+    """Record one pipeline run on its CI record (its ``delivery``'s, or the one with its
+    ``flowRunId``): 201 when the record is new, 200 when updated. Admins and the Prefect service
+    token only."""
     record, created = ci.record_run(_unix(body.model_dump()))
     response.status_code = 201 if created else 200
     return record
@@ -211,16 +260,34 @@ def runs(
     repo: Annotated[str | None, Query(max_length=200, description="Only this repository (owner/name).")] = None,
     result: Annotated[RunResult | None, Query(description="Only runs with this result.")] = None,
     kind: Annotated[RunKind | None, Query(description="pr or deploy (the default branch's).")] = None,
+    sha: Annotated[str | None, Query(pattern=r"^[0-9a-fA-F]{0,64}$",
+                                     description="Only commits starting with this (a short sha).")] = None,
 ) -> dict:
     """The newest pipeline runs, newest first. Admins, and the Prefect service token (the deploy
-    flow looks for a passing run of the commit it deploys)."""
-    return {"runs": ci.runs(limit, repo=repo, result=result, kind=kind)}
+    gate asks for a passing run of the commit it deploys: ``?sha=<sha>&result=success&limit=1``)."""
+    return {"runs": ci.runs(limit, repo=repo, result=result, kind=kind, sha=sha)}
+
+
+@router.get("/ci/records", response_model=CiRecordsPage)
+def ci_records(
+    ci: Records, _caller: AdminOrBridge, limit: Limit = 50,
+    sha: Annotated[str | None, Query(pattern=r"^[0-9a-fA-F]{0,64}$",
+                                     description="Only commits starting with this (a short sha).")] = None,
+    state: Annotated[RecordState | None, Query(description="Only records in this state.")] = None,
+    delivery: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9-]{0,64}$",
+                                          description="Only the record of this GitHub delivery.")] = None,
+) -> dict:
+    """The newest CI records, newest first: each delivery with its pipeline run and deployment
+    and the state it reached (received, pending, not_started, started, running, passed, failed,
+    deployed, rolled_back, deploy_failed). Admins and the Prefect service token."""
+    return {"records": ci.records(limit, sha=sha, state=state, delivery=delivery)}
 
 
 @router.post("/deployments", status_code=201, response_model=DeploymentJson,
              responses={200: {"model": DeploymentJson, "description": "Its flowRunId was recorded already: updated."}})
 def record_deployment(body: DeploymentReport, response: Response, ci: Records, _caller: AdminOrBridge) -> dict:
-    """Record one production deployment (201); a second report of the same ``flowRunId`` updates it
+    """Record one production deployment on its CI record (its ``delivery``'s, or the one with its
+    ``flowRunId``: 200) or a new one (201); a second report of the same ``flowRunId`` updates it
     (200). Admins and the Prefect service token only."""
     record, created = ci.record_deployment(_unix(body.model_dump()))
     response.status_code = 201 if created else 200
