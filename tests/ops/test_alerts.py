@@ -17,6 +17,7 @@ from tests.support.auth import with_auth
 from tests.support.builders import LAB6, job_text
 
 from apiary.api import create_app
+from apiary.auth import Directory
 from apiary.control import ControlPlane
 from apiary.errors import ValidationError
 from apiary.ops.alerts import ActionsConfig, AlertmanagerPayload, AlertReceiver, Rule, SmtpConfig
@@ -97,8 +98,9 @@ def test_ecc_alert_cordons_the_node_and_emails_the_admin_once(plane, smtp, chat,
 
 def test_per_request_actions_stop_and_tag_the_job_and_email_its_owner(plane, smtp):
     controller, inbox = smtp
-    config = ActionsConfig(user_email_domain="example.test", smtp=SmtpConfig(host="127.0.0.1", port=controller.port))
+    config = ActionsConfig(smtp=SmtpConfig(host="127.0.0.1", port=controller.port))
     receiver = AlertReceiver(plane, config)
+    Directory(plane.sessions).create_user("bob", email="bob@example.test")  # the owner's address: the directory's
     job = plane.submit(job_text(1), "bob")["id"]
     body = payload("JobLowGpuUtilization", job_id=job)
     actions = ["tag-job:low-gpu-util", "email-owner", "stop-job"]
@@ -117,7 +119,7 @@ def test_resolved_alerts_are_recorded_and_run_nothing(plane):
 
 
 def test_failed_email_is_recorded_and_retried_on_resend(plane):
-    config = ActionsConfig(smtp=SmtpConfig(host="127.0.0.1", port=free_port()), rules=[
+    config = ActionsConfig(admin_email="ops@example.test", smtp=SmtpConfig(host="127.0.0.1", port=free_port()), rules=[
         Rule(match={"alertname": "X"}, actions=["email-admin"])])
     receiver = AlertReceiver(plane, config)
     body = AlertmanagerPayload.model_validate(payload("X"))

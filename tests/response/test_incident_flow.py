@@ -16,6 +16,7 @@ from tests.support.plane import DAN, Harness
 
 from apiary.errors import ForbiddenError
 from apiary.incidents import IncidentTransitionError
+from apiary.response.actions import ActionPipeline, Outbox, contact_lookup, user_email
 from apiary.response.channels import Channel, Contact, Dispatcher, Message
 from apiary.response.config import ResponseConfig
 from apiary.response.escalator import EscalationWorker, Pager
@@ -63,9 +64,13 @@ class World:
         self.h = h
         self.email, self.im = Recording("email"), Recording("im")
         config = ResponseConfig.parse(ONCALL)
-        self.service = IncidentService(IncidentStore(h.plane.sessions), config, plane=h.plane, clock=h.clock)
-        self.service.signer = LinkSigner("test-secret", "http://127.0.0.1:1")
+        # One set of channels for pages and mitigations, as apiary.response.runtime wires them.
         dispatcher = Dispatcher({"email": self.email, "im": self.im}, sleep=lambda s: None)
+        lookup = contact_lookup(config.contacts, user_email(h.plane.sessions))
+        pipeline = ActionPipeline(h.plane, Outbox(dispatcher, lookup), clock=h.clock)
+        self.service = IncidentService(IncidentStore(h.plane.sessions), config, plane=h.plane, clock=h.clock,
+                                       pipeline=pipeline)
+        self.service.signer = LinkSigner("test-secret", "http://127.0.0.1:1")
         self.worker = EscalationWorker(self.service, Pager(self.service, dispatcher, config.contacts.get,
                                                            self.service.signer), clock=h.clock)
 

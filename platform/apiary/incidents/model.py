@@ -192,11 +192,20 @@ class TimelineEntry(_Frozen):
 
 # --- links -------------------------------------------------------------------------------------
 
-#: Alert label names that carry a node / a job id, the ones :mod:`apiary.ops.alerts` reads (copied,
-#: not imported: that module does I/O). Node rules normalise to ``node``; dcgm-exporter labels GPUs
-#: with ``Hostname``; a task metric's job id arrives as ``job_id`` (Prometheus keeps ``job``).
+#: Alert label names that carry a node / a job id (the alert intake and the action pipeline read
+#: these). Node rules normalise to ``node``; dcgm-exporter labels GPUs with ``Hostname``. Apiary's
+#: job metrics label the job id ``job`` and are scraped with ``honor_labels`` (``exported_job``
+#: without it), but ``job`` is also Prometheus' own scrape-job label (``apiary-node``) on every
+#: other alert: only a value shaped like an Apiary job id links a job (:func:`job_id_of`).
 NODE_LABELS = ("node", "Hostname", "hostname")
 JOB_LABELS = ("job_id", "exported_job", "job")
+
+
+def job_id_of(value: str) -> str | None:
+    """``value`` when it is an Apiary job id (``user~name``, both parts non-empty), else None: a
+    scrape job such as ``apiary-node`` is never taken for a job."""
+    user, sep, name = value.partition("~")
+    return value if sep and user and name and "~" not in name else None
 #: The user and VC labels of Apiary's job metrics (``apiary_job_waiting_seconds`` and friends).
 USER_LABELS = ("user",)
 VC_LABELS = ("virtual_cluster",)
@@ -243,7 +252,8 @@ class Links(_Frozen):
     @classmethod
     def from_labels(cls, labels: Mapping[str, str]) -> Links:
         """Links named by one alert's labels (:data:`NODE_LABELS`, :data:`JOB_LABELS`, ``user``,
-        ``virtual_cluster``); the first label present of each group counts, empty values are skipped."""
+        ``virtual_cluster``); the first label present of each group counts, empty values are skipped,
+        and a job label counts only with an Apiary job id (:func:`job_id_of`)."""
 
         def first(names: tuple[str, ...]) -> tuple[str, ...]:
             for n in names:
@@ -251,7 +261,8 @@ class Links(_Frozen):
                     return (labels[n],)
             return ()
 
-        return cls(nodes=first(NODE_LABELS), jobs=first(JOB_LABELS), users=first(USER_LABELS),
+        job = next((j for j in (job_id_of(labels.get(n, "")) for n in JOB_LABELS) if j), None)
+        return cls(nodes=first(NODE_LABELS), jobs=(job,) if job else (), users=first(USER_LABELS),
                    virtual_clusters=first(VC_LABELS))
 
 

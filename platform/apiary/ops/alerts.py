@@ -1,15 +1,23 @@
-"""Alert intake: Alertmanager's webhook (payload version 4) -> recorded alerts -> actions.
+"""Alert intake: Alertmanager's webhook (payload version 4) -> recorded alerts -> incidents and actions.
 
-Modelled on OpenPAI's alert handler: an alert can cordon its node, stop or tag its job, and
-email the admin or the job's owner; Apiary adds a Slack/Teams-style chat post. Which actions
-run comes from the actions config (``default-actions.yaml`` beside this file, or
-``APIARY_ALERT_ACTIONS``) matched on the alert's labels, or from the request itself
-(``?action=cordon-node``: an Alertmanager receiver per action, OpenPAI's routing style).
+One intake, one pipeline. :meth:`AlertReceiver.receive` stores every alert of the group
+(:class:`~apiary.ops.alertlog.AlertLog`), hands the group to incident response (open, join,
+reopen or resolve an incident, whose response rule may mitigate: :mod:`apiary.response.service`)
+and runs the actions asked for each firing alert through the same action pipeline
+(:class:`apiary.response.actions.ActionPipeline`: cordon, drain, stop, tag, notify), recorded once
+in the alert-action log and in the incident's timeline when there is one.
 
-Every firing alert is stored; every action run is stored with its outcome, unique per
-(alert fingerprint, startsAt, action, target), so Alertmanager's resends never run an action
-twice. Resolved notifications are stored and run nothing. ``on_alert`` callbacks get each
-stored alert: the hook incidents and on-call use (a later issue).
+Which actions run comes from the actions config (``default-actions.yaml`` beside this file, or
+``APIARY_ALERT_ACTIONS``) matched on the alert's labels, modelled on OpenPAI's alert handler, or
+from the request itself (``?action=cordon-node``: an Alertmanager receiver per action, OpenPAI's
+routing style; these select actions of the same pipeline). An action runs once per (alert
+fingerprint, startsAt, action, target), whoever asks for it: Alertmanager's resends, a response
+rule and the actions config asking for the same cordon. Resolved notifications are stored and run
+no action (the incident may resolve).
+
+People are told through the response package's channels; the actions config's ``smtp`` and
+``chat_webhook`` only fill in an email or IM channel the on-call file does not configure, and an
+owner's address is the user directory's (or the on-call file's contacts), never invented.
 """
 
 from __future__ import annotations
@@ -17,26 +25,27 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from apiary.errors import ApiaryError, ValidationError
+from apiary.errors import ValidationError
+from apiary.incidents import ALERT_SEVERITY_TO_SEVERITY, Severity
 from apiary.ops.alertlog import AlertLog
-from apiary.ops.notifiers import ChatWebhookNotifier, EmailNotifier, Notifier
+from apiary.response.actions import ActionPipeline, AlertKey, Outbox, contact_lookup, user_email
+from apiary.response.channels import Channel, Dispatcher, EmailChannel, Message, SlackChannel
+from apiary.response.service import IncidentService
 from apiary.store.models import Alert
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_ACTIONS = Path(__file__).with_name("default-actions.yaml")
-ACTIONS = ("cordon-node", "stop-job", "tag-job", "email-admin", "email-owner", "chat")
-# Label names that carry the node / the job id. Node-scoped rules normalise to `node`; the
-# exporters label GPUs with dcgm-exporter's `Hostname`. A task metric's job id arrives as
-# `job_id` (Prometheus keeps `job` for the scrape job).
-NODE_LABELS = ("node", "Hostname", "hostname")
-JOB_LABELS = ("job_id", "exported_job", "job")
+#: Keys an older actions config may hold that no longer mean anything (ignored, with a warning):
+#: owners' addresses come from the user directory, not ``user@domain``.
+RETIRED_KEYS = ("user_email_domain",)
 
 
 class AlertmanagerAlert(BaseModel):
@@ -78,19 +87,23 @@ class Rule(BaseModel):
 
 
 class SmtpConfig(BaseModel):
+    """An SMTP server for the ``email`` channel when the on-call file configures none."""
+
     model_config = ConfigDict(extra="forbid")
     host: str = "127.0.0.1"
-    port: int = 25
+    port: int = Field(default=25, ge=1, le=65535)
     sender: str = "apiary@localhost"
     starttls: bool = False
 
 
 class ActionsConfig(BaseModel):
-    """The actions config. ``tag-job:<tag>`` tags the job with ``<tag>``."""
+    """The actions config. ``admin_email``: where ``email-admin`` goes. ``smtp`` /
+    ``chat_webhook`` (a Slack-style incoming webhook): the email / IM channel when the on-call
+    file has none. ``rules``: label matchers -> actions (:data:`apiary.response.actions.ACTIONS`;
+    ``tag-job:<tag>`` tags the job with ``<tag>``)."""
 
     model_config = ConfigDict(extra="forbid")
     admin_email: str | None = None
-    user_email_domain: str | None = None
     smtp: SmtpConfig | None = None
     chat_webhook: str | None = None
     rules: list[Rule] = []
@@ -100,64 +113,100 @@ class ActionsConfig(BaseModel):
         """Read and validate; raises ValidationError naming the field."""
         path = path or DEFAULT_ACTIONS
         try:
-            config = cls.model_validate(yaml.safe_load(Path(path).read_text()) or {})
+            data = yaml.safe_load(Path(path).read_text()) or {}
         except (OSError, yaml.YAMLError) as e:
             raise ValidationError("alertActions", f"cannot read {path}: {e}") from e
+        if isinstance(data, dict):
+            for key in RETIRED_KEYS:
+                if data.pop(key, None) is not None:
+                    logger.warning("%s: %s is ignored: owners are emailed at the user directory's address", path, key)
+        try:
+            config = cls.model_validate(data)
         except Exception as e:  # pydantic.ValidationError
             raise ValidationError("alertActions", str(e)) from e
         for i, rule in enumerate(config.rules):
             for a in rule.actions:
-                if a.split(":", 1)[0] not in ACTIONS:
-                    raise ValidationError(f"rules[{i}].actions", f"unknown action {a!r}; known: {ACTIONS}")
+                ActionPipeline.check(a, f"rules[{i}].actions")
         return config
+
+    def channels(self) -> dict[str, Channel]:
+        """The email / IM channels this config names (``email``, ``slack`` and ``im``)."""
+        out: dict[str, Channel] = {}
+        if self.smtp:
+            s = self.smtp
+            out["email"] = EmailChannel(s.host, s.port, s.sender, starttls=s.starttls)
+        if self.chat_webhook:
+            out["slack"] = out["im"] = SlackChannel(self.chat_webhook)
+        return out
 
 
 class AlertReceiver:
-    """Records alerts and runs their actions against a :class:`~apiary.control.ControlPlane`.
-
-    Alerts and action runs are written to ``log`` (an :class:`~apiary.ops.alertlog.AlertLog` on the
-    plane's store unless given); the actions call the plane's public cordon / stop / tag.
-
-    ``notifiers`` maps ``"email"`` / ``"chat"`` to :class:`Notifier` objects (built from the
-    config when not given, so tests can pass their own).
+    """The alert intake (see the module docstring) over ``plane`` (its public cordon, drain,
+    stop, tag). ``notifiers``: the channels by name (``email``, ``im``; default: the config's
+    :meth:`ActionsConfig.channels`). ``log``: the alert log (default: over the plane's store).
+    Until :meth:`use_incidents` is called the actions run in a pipeline of its own, with no
+    incident and no on-call contacts.
     """
 
-    def __init__(self, plane, config: ActionsConfig, notifiers: dict[str, Notifier] | None = None,
+    def __init__(self, plane: Any, config: ActionsConfig, notifiers: Mapping[str, Channel] | None = None,
                  clock: Callable[[], float] = time.time, log: AlertLog | None = None) -> None:
         self.plane = plane
-        self.log = log if log is not None else AlertLog(plane.sessions, clock)
         self.config = config
         self.clock = clock
-        self.on_alert: list[Callable[[Alert], None]] = []
-        if notifiers is None:
-            notifiers = {}
-            if config.smtp:
-                s = config.smtp
-                notifiers["email"] = EmailNotifier(s.host, s.port, s.sender, starttls=s.starttls)
-            if config.chat_webhook:
-                notifiers["chat"] = ChatWebhookNotifier(config.chat_webhook)
-        self.notifiers = notifiers
+        self.log = log if log is not None else AlertLog(plane.sessions, clock)
+        self.channels = dict(notifiers) if notifiers is not None else config.channels()
+        outbox = Outbox(Dispatcher(self.channels), contact_lookup({}, user_email(plane.sessions)))
+        self.pipeline = ActionPipeline(plane, outbox, admin_email=config.admin_email, log=self.log, clock=clock)
+        self.incidents: IncidentService | None = None
+
+    def use_incidents(self, service: IncidentService) -> None:
+        """Hand every group to ``service`` and run all actions through its pipeline: its channels
+        (plus this config's email / IM channel where it has none), its contacts, this config's admin
+        address and this intake's alert log (so its response rules' actions also run once)."""
+        pipeline = service.pipeline
+        for name, channel in self.channels.items():
+            pipeline.outbox.dispatcher.channels.setdefault(name, channel)
+        pipeline.admin_email = self.config.admin_email
+        pipeline.log = self.log
+        self.pipeline, self.incidents = pipeline, service
 
     def receive(self, payload: AlertmanagerPayload, actions: list[str] | None = None) -> list[dict]:
-        """Store the payload's alerts and run the actions of the firing ones. Returns one dict
-        per action run now: ``{alertname, action, target, status, detail}``. Idempotent."""
+        """Store the payload's alerts, hand the group to incidents, and run the actions of the
+        firing alerts (``actions``: the request's selectors; None: the actions config). Returns one
+        dict per action run now: ``{alertname, action, target, status, detail}`` (the incident's
+        rule mitigations first). Idempotent: a resend runs nothing again. Raises ValidationError
+        for an unsupported version or an unknown selector."""
         if payload.version != "4":
             raise ValidationError("version", f"unsupported Alertmanager webhook version {payload.version!r}")
-        done: list[dict] = []
+        for action in actions or ():
+            ActionPipeline.check(action)
         for a in payload.alerts:
-            alert = self._store(a)
-            for hook in self.on_alert:
-                try:
-                    hook(alert)
-                except Exception:  # a broken hook must not lose the alert or its actions
-                    logger.exception("on_alert hook failed")
+            self._store(a)
+        done: list[dict] = []
+        incident: str | None = None
+        if self.incidents is not None:
+            decision = self.incidents.ingest_alertmanager(payload.model_dump())
+            if decision.get("action") in ("open", "attach", "reopen"):
+                incident = decision.get("incident")
+            first = next((a for a in payload.alerts if a.status == "firing"), None)
+            name = first.labels.get("alertname", "") if first else ""
+            done += [_result(name, r) for r in decision.get("actions", [])]
+        for a in payload.alerts:
             if a.status != "firing":
                 continue
-            wanted = actions if actions is not None else self._actions_for(a.labels)
-            for action in wanted:
-                result = self._run_once(a, action)
-                if result is not None:
-                    done.append(result)
+            alertname = a.labels.get("alertname", "")
+            key = AlertKey(a.fingerprint, a.startsAt, alertname)
+            message = self._message(a, incident)
+            for action in actions if actions is not None else self._actions_for(a.labels):
+                target = self.pipeline.target(action, a.labels)
+                if self.incidents is not None:
+                    ran = self.incidents.run_action(incident, action, target, actor=f"alertmanager:{alertname}",
+                                                    alert=key, message=message)
+                else:
+                    run = self.pipeline.run(action, target, alert=key, message=message)
+                    ran = run.to_dict() if run is not None else None
+                if ran is not None:
+                    done.append(_result(alertname, ran))
         return done
 
     def recent(self, limit: int = 100) -> list[dict]:
@@ -182,64 +231,14 @@ class AlertReceiver:
             starts_at=a.startsAt, ends_at=a.endsAt, received=self.clock(),
         )
 
-    def _run_once(self, a: AlertmanagerAlert, action: str) -> dict | None:
-        name, _, arg = action.partition(":")
-        target = self._target(name, arg, a.labels)
-        alertname = a.labels.get("alertname", "")
-        if target is None:
-            return {"alertname": alertname, "action": action, "target": "", "status": "skipped",
-                    "detail": f"alert has no {'node' if name == 'cordon-node' else 'job'} label"}
-        key = {"fingerprint": a.fingerprint, "starts_at": a.startsAt, "action": action, "target": target}
-        # The claim is committed before the action runs: a resend stops here (a failed run is retried).
-        if not self.log.claim_alert_action(alertname=alertname, **key):
-            return None
-        try:
-            detail, status = self._do(name, arg, target, a), "ok"
-        except ApiaryError as e:
-            detail, status = e.message, "failed"
-            logger.warning("alert action failed alert=%s action=%s target=%s: %s", alertname, action, target,
-                           e.message)
-        self.log.finish_alert_action(status=status, detail=detail, **key)
-        logger.info("alert action alert=%s action=%s target=%s status=%s", alertname, action, target, status)
-        return {"alertname": alertname, "action": action, "target": target, "status": status, "detail": detail}
+    def _message(self, a: AlertmanagerAlert, incident: str | None) -> Message:
+        severity = ALERT_SEVERITY_TO_SEVERITY.get(a.labels.get("severity", ""), Severity.SEV4)
+        title = f"{a.labels.get('alertname', '')}: {a.annotations.get('summary', '')}".rstrip(": ")
+        body = "\n".join([a.annotations.get("description", ""), "",
+                          *(f"{k}={v}" for k, v in sorted(a.labels.items()))]).strip()
+        return Message(incident_id=incident or "-", severity=severity.value, title=title, body=body)
 
-    def _target(self, name: str, arg: str, labels: dict[str, str]) -> str | None:
-        if name == "cordon-node":
-            return next((labels[k] for k in NODE_LABELS if labels.get(k)), None)
-        if name in ("stop-job", "tag-job", "email-owner"):
-            return next((labels[k] for k in JOB_LABELS if "~" in labels.get(k, "")), None)
-        if name == "email-admin":
-            return self.config.admin_email or "admin"
-        return "chat"
 
-    def _do(self, name: str, arg: str, target: str, a: AlertmanagerAlert) -> str:
-        subject = f"[{a.labels.get('severity', 'alert')}] {a.labels.get('alertname', '')}: " + a.annotations.get(
-            "summary", "")
-        body = "\n".join([a.annotations.get("description", ""), "", *(f"{k}={v}" for k, v in
-                                                                       sorted(a.labels.items()))])
-        if name == "cordon-node":
-            self.plane.cordon(target, True)
-            return f"node {target} cordoned"
-        if name == "stop-job":
-            self.plane.stop(target)
-            return f"job {target} stop requested"
-        if name == "tag-job":
-            tag = arg or a.labels.get("alertname", "alert")
-            self.plane.tag_job(target, tag)
-            return f"job {target} tagged {tag}"
-        if name in ("email-admin", "email-owner"):
-            email = self.notifiers.get("email")
-            if email is None:
-                raise ValidationError("smtp", "no SMTP server configured for email actions")
-            if name == "email-admin":
-                to = [self.config.admin_email or "root@localhost"]
-            else:
-                user = self.plane.get_job(target)["user"]
-                to = [f"{user}@{self.config.user_email_domain or 'localhost'}"]
-            email.send(subject, body, to)
-            return f"emailed {', '.join(to)}"
-        chat = self.notifiers.get("chat")
-        if chat is None:
-            raise ValidationError("chat_webhook", "no chat webhook configured")
-        chat.send(subject, body, [])
-        return "posted to chat"
+def _result(alertname: str, run: dict) -> dict:
+    return {"alertname": alertname, "action": run["action"], "target": run["target"] or "",
+            "status": run["result"], "detail": run["detail"]}

@@ -1,1 +1,2 @@
-"""Incident response: notification channels and their delivery (issue 14)."""
+"""Incident response on the live platform: the incident service, its store and escalation worker, the
+one action pipeline (cordon, drain, stop, tag, notify) and the notification channels."""

@@ -12,7 +12,7 @@
       link_ttl_s: 604800
       resolve_on_alert_resolved: true          # Alertmanager's "resolved" resolves the incident
       sla: {targets: {sev1: {ack_s: 300, mitigate_s: 1800, resolve_s: 14400}, ...}}  # all four; default DEFAULT_SLA
-    contacts:                 # who is reached how (a user's stored email is the fallback)
+    contacts:                 # who is reached how (else the user directory's email; none: not reached)
       alice: {email: alice@example.com, phone: "+15550100", im_handle: U024BE7LH}
     channels: {...}           # apiary.response.channels.ChannelsConfig: smtp, slack, teams, twilio
     responseRules: {...}      # apiary.incidents.rules (default: the packaged response-rules.yaml)
@@ -22,6 +22,7 @@ Errors name the field (ValidationError, 400 / a clear CLI message).
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ from apiary.incidents.rules import ResponseRules, default_response_rules, parse_
 from apiary.oncall import OncallConfig, parse_config
 from apiary.response.channels import ChannelsConfig, Contact
 
+logger = logging.getLogger(__name__)
+
 ENV = "APIARY_ONCALL"
 
 
@@ -46,7 +49,6 @@ class IncidentSettings(BaseModel):
     public_url: str | None = None
     link_ttl_s: int = Field(default=7 * 86400, ge=60)
     resolve_on_alert_resolved: bool = True
-    user_email_domain: str | None = None
     sla: SlaPolicy = DEFAULT_SLA
 
 
@@ -73,6 +75,11 @@ class ResponseConfig:
             raise ValidationError("oncall", "must be a mapping")
         data = dict(data)
         incidents, contacts = data.pop("incidents", None) or {}, data.pop("contacts", None) or {}
+        if isinstance(incidents, dict) and "user_email_domain" in incidents:
+            # Addresses are the directory's or the contacts' (never ``user@domain``): ignored.
+            incidents = {k: v for k, v in incidents.items() if k != "user_email_domain"}
+            logger.warning("oncall: incidents.user_email_domain is ignored: people are reached at their contacts' "
+                           "or the user directory's address")
         channels, rules = data.pop("channels", None) or {}, data.pop("responseRules", None)
         oncall = parse_config(data)
         return cls(oncall, _model(IncidentSettings, incidents, "incidents"),

@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from apiary.control.views import iso
 from apiary.incidents import Incident, IncidentState
 from apiary.oncall import next_page, resolve_targets
 from apiary.oncall.routing import Severity as RoutingSeverity
@@ -32,6 +31,7 @@ from apiary.oncall.routing import match_rule
 from apiary.response.channels import Attempt, Contact, Dispatcher, Message, delivered
 from apiary.response.links import LinkSigner
 from apiary.response.service import SYSTEM, IncidentService
+from apiary.timefmt import iso
 
 logger = logging.getLogger(__name__)
 
@@ -195,17 +195,3 @@ class EscalationWorker:
         self.pager.page(incident, users, now, why, tier=page.tier)
         nxt = next_page(policy, _dt(started), None, page.at + _TICK)
         store.advance(incident_id, due_at, nxt.at.timestamp() if nxt else None)
-
-
-def contacts(config_contacts: dict[str, Contact], user_email: Callable[[str], str | None],
-             email_domain: str | None) -> Callable[[str], Contact | None]:
-    """A contact lookup: the configured contact, else the user's stored email, else
-    ``user@email_domain`` when a domain is configured."""
-
-    def lookup(user: str) -> Contact | None:
-        if user in config_contacts:
-            return config_contacts[user]
-        email = user_email(user) or (f"{user}@{email_domain}" if email_domain else None)
-        return Contact(name=user, email=email) if email else None
-
-    return lookup

@@ -13,6 +13,7 @@ from apiary.incidents.quality import quality_report as build_quality
 from apiary.incidents.stats import snapshot
 from apiary.response.service import IncidentService
 from apiary.store.models import Alert
+from apiary.store.unit import reading
 
 #: The most incidents a scrape or a report reads (newest first): bounded work per call.
 MAX_INCIDENTS = 5000
@@ -36,7 +37,7 @@ def firings(service: IncidentService, since: float) -> list[Firing]:
     """One :class:`Firing` per stored alert (fingerprint, startsAt) that started since ``since``;
     its end is the resolved notification's ``endsAt``."""
     periods: dict[tuple[str, str], Firing] = {}
-    with service.store.sessions() as s:
+    with reading(service.store.sessions, "read alerts") as s:
         rows = s.scalars(select(Alert).where(Alert.received >= since).order_by(Alert.id).limit(50_000)).all()
         for a in rows:
             start = _epoch(a.starts_at)

@@ -6,9 +6,10 @@
   rule may join the alert to an open incident (node correlation, "A implies K"); else the dedup key
   decides (:func:`apiary.incidents.correlate`): attach, reopen, or open a new incident.
 * A new incident gets its diagnosis (runbook, evidence from Prometheus, the node's recent
-  events) and its rule's automatic mitigations (cordon, drain, tag jobs, tell the owners), each an
-  ``action`` entry in the timeline with its undo, and a durable escalation (the first page is due
-  at once; :class:`apiary.response.escalator.EscalationWorker` sends it).
+  events) and its rule's automatic mitigations (cordon, drain, tag jobs, tell the owners), run by
+  the one action pipeline (:class:`apiary.response.actions.ActionPipeline`: once per alert) and
+  each an ``action`` entry in the timeline with its undo, and a durable escalation (the first page
+  is due at once; :class:`apiary.response.escalator.EscalationWorker` sends it).
 * People act with :meth:`act` (acknowledge, mitigate, resolve, close, reopen, comment) from the API,
   the CLI or a signed link; the actor is the authenticated caller. Resolving a Sev1/Sev2 drafts its
   postmortem.
@@ -41,8 +42,11 @@ from apiary.incidents import (
 )
 from apiary.incidents.rules import REVERSALS, ignored, join_target, plan
 from apiary.oncall import next_page
+from apiary.response.actions import ActionPipeline, AlertKey, Outbox, contact_lookup, user_email
+from apiary.response.channels import Dispatcher, Message, build_channels
 from apiary.response.config import ResponseConfig
 from apiary.response.store import IncidentStore, entry_json
+from apiary.timefmt import iso
 
 logger = logging.getLogger(__name__)
 
@@ -58,30 +62,51 @@ def _dt(ts: float) -> datetime:
 
 class IncidentService:
     """See the module docstring. ``plane``: the :class:`~apiary.control.ControlPlane` the
-    mitigations act on (None: mitigations are recorded as skipped). ``pager``: called
-    ``pager(incident_id)`` after an escalation deadline is stored, to wake the worker.
-    ``prometheus_url``: where evidence queries go (None: not collected). ``clock``: unix seconds."""
+    mitigations act on (None: mitigations are recorded as skipped). ``pipeline``: the action
+    pipeline (default: over ``plane``, with the on-call file's channels and contacts and the user
+    directory's emails). ``notify_owner(user, subject, body)``: how the job triage tells an owner
+    (default: the pipeline's outbox; failures logged). ``wake``: called after an escalation
+    deadline is stored, to wake the worker. ``prometheus_url``: where evidence queries go (None:
+    not collected). ``clock``: unix seconds."""
 
     def __init__(self, store: IncidentStore, config: ResponseConfig, *, plane: Any = None,
                  notify_owner: Callable[[str, str, str], None] | None = None,
-                 prometheus_url: str | None = None, clock: Callable[[], float] = time.time) -> None:
+                 prometheus_url: str | None = None, clock: Callable[[], float] = time.time,
+                 pipeline: ActionPipeline | None = None) -> None:
         self.store, self.config, self.plane = store, config, plane
-        self.notify_owner = notify_owner
         self.prometheus_url = prometheus_url
         self.clock = clock
+        if pipeline is None:
+            outbox = Outbox(Dispatcher(build_channels(config.channels)),
+                            contact_lookup(config.contacts, user_email(store.sessions)))
+            pipeline = ActionPipeline(plane, outbox, clock=clock)
+        self.pipeline = pipeline
+        self.notify_owner = notify_owner or self._tell_owner
         self.wake: Callable[[], None] = lambda: None
         self.signer: Any = None  # apiary.response.links.LinkSigner, set by apiary.response.runtime
         #: The drills' last results (:meth:`apiary.drills.board.DrillBoard.latest`), set by the app.
         self.drill_results: Callable[[], dict[str, Any]] | None = None
 
+    def _tell_owner(self, user: str, subject: str, body: str) -> None:
+        try:
+            self.pipeline.outbox.tell_user(user, Message(incident_id="-", severity="sev4", title=subject, body=body))
+        except ApiaryError as e:
+            logger.warning("could not tell %s: %s", user, e.message)
+
     # ------------------------------------------------------------------ alerts in
     def ingest_alertmanager(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """One Alertmanager webhook payload (version 4) -> ``{"incident", "action", "reason"}``."""
+        """One Alertmanager webhook payload (version 4) -> ``{"incident", "action", "reason",
+        "actions"}``; ``actions``: the response rule's mitigations run now (``{"action",
+        "target", "result", "detail"}``), each claimed for the group's first firing alert."""
         group = AlertGroup.from_alertmanager(payload, by_alertname=self.config.rules.severity)
         firing = [a for a in group.alerts if a.status == "firing"]
         names = sorted({a.labels.get("alertname", "") for a in group.alerts} - {""})
         first = firing[0].labels if firing else (group.alerts[0].labels if group.alerts else {})
-        return self._ingest(group, names, first, actor=f"alertmanager:{names[0] if names else 'alert'}")
+        raw = next((a for a in payload.get("alerts") or [] if isinstance(a, dict) and a.get("status") == "firing"),
+                   None)
+        key = AlertKey(str(raw.get("fingerprint") or ""), str(raw.get("startsAt") or ""),
+                       first.get("alertname", "")) if raw is not None else None
+        return self._ingest(group, names, first, actor=f"alertmanager:{names[0] if names else 'alert'}", alert=key)
 
     def ingest_event(self, event: dict[str, Any], actor: str) -> dict[str, Any]:
         """One PagerDuty Events API v2 event (``trigger`` / ``acknowledge`` / ``resolve``)."""
@@ -98,14 +123,15 @@ class IncidentService:
                             extra={"evidence": details} if isinstance(details, dict) else {}, links=links)
 
     def _ingest(self, group: AlertGroup, names: list[str], labels: dict[str, str], *, actor: str,
-                extra: dict[str, Any] | None = None, links: Links | None = None) -> dict[str, Any]:
+                extra: dict[str, Any] | None = None, links: Links | None = None,
+                alert: AlertKey | None = None) -> dict[str, Any]:
         # One decision at a time: two groups about one node arriving together (Alertmanager sends
         # each group in its own request) must see each other's incident, not open two.
         with self.store.lock:
-            return self._decide(group, names, labels, actor=actor, extra=extra, links=links)
+            return self._decide(group, names, labels, actor=actor, extra=extra, links=links, alert=alert)
 
     def _decide(self, group: AlertGroup, names: list[str], labels: dict[str, str], *, actor: str,
-                extra: dict[str, Any] | None, links: Links | None) -> dict[str, Any]:
+                extra: dict[str, Any] | None, links: Links | None, alert: AlertKey | None) -> dict[str, Any]:
         now = self.clock()
         if ignored(names, self.config.rules):
             return {"incident": None, "action": "ignore", "reason": "alerts the response rules ignore"}
@@ -122,10 +148,10 @@ class IncidentService:
                 return {"incident": incident_id, "action": "attach", "reason": reason}
         decision = correlate(candidates, group, now, self.config.rules.correlate.reopen_window_s)
         if decision.action == "open":
-            incident = self.open(group.title or (names[0] if names else "alert"), group.severity, actor,
-                                 dedup_key=group.dedup_key, links=links, fingerprints=group.fingerprints,
-                                 labels=labels, reason=decision.reason, **detail)
-            return {"incident": incident.id, "action": "open", "reason": decision.reason}
+            incident, ran = self._open(group.title or (names[0] if names else "alert"), group.severity, actor,
+                                       dedup_key=group.dedup_key, links=links, fingerprints=group.fingerprints,
+                                       labels=labels, alert=alert, reason=decision.reason, **detail)
+            return {"incident": incident.id, "action": "open", "reason": decision.reason, "actions": ran}
         if decision.action == "ignore" or decision.incident_id is None:
             return {"incident": None, "action": "ignore", "reason": decision.reason}
         iid = decision.incident_id
@@ -149,6 +175,12 @@ class IncidentService:
              **detail: Any) -> Incident:
         """Open an incident (``triggered``), diagnose and mitigate it by its rule (when ``labels``
         match one) and start its escalation. ``actor``: the authenticated opener."""
+        return self._open(title, severity, actor, dedup_key=dedup_key, links=links, fingerprints=fingerprints,
+                          labels=labels, **detail)[0]
+
+    def _open(self, title: str, severity: Severity | str, actor: str, *, dedup_key: str | None = None,
+              links: Links | None = None, fingerprints: tuple[str, ...] = (), labels: dict[str, str] | None = None,
+              alert: AlertKey | None = None, **detail: Any) -> tuple[Incident, list[dict[str, Any]]]:
         now = self.clock()
         try:
             sev = Severity(str(severity).lower())
@@ -159,16 +191,15 @@ class IncidentService:
             lambda iid: open_incident(iid, title, sev, dedup_key or f"manual:{iid}", actor, now, links=links,
                                       fingerprints=fingerprints, **detail), policy)
         logger.info("incident %s opened severity=%s title=%s", incident.id, sev.value, title)
-        if labels:
-            self._respond(incident.id, labels)
+        ran = self._respond(incident.id, labels, alert) if labels else []
         self._start_escalation(self.store.get(incident.id))
-        return self.store.get(incident.id)
+        return self.store.get(incident.id), ran
 
-    def _respond(self, incident_id: str, labels: dict[str, str]) -> None:
-        """Diagnose (runbook, evidence) and run the rule's mitigations, each recorded."""
+    def _respond(self, incident_id: str, labels: dict[str, str], alert: AlertKey | None) -> list[dict[str, Any]]:
+        """Diagnose (runbook, evidence) and run the rule's mitigations, each recorded; returns the runs."""
         p = plan(labels, self.config.rules)
         if p.rule is None:
-            return
+            return []
         node = next((labels[k] for k in ("node", "Hostname", "hostname") if labels.get(k)), None)
         evidence = {e.name: self._query(e.query) for e in p.evidence}
         events = self._node_events(node) if node else []
@@ -176,65 +207,42 @@ class IncidentService:
         self._apply(incident_id, "comment", f"rule:{p.rule}", diagnosis=True, runbook=p.runbook,
                     evidence=evidence, recentEvents=events, drills=drills,
                     suspectedCause=f"node {node}" if node else None)
-        for action in p.mitigations:
-            self.mitigate(incident_id, action, node, actor=f"rule:{p.rule}")
+        ran = [self.run_action(incident_id, action, node, actor=f"rule:{p.rule}", alert=alert)
+               for action in p.mitigations]
+        return [r for r in ran if r is not None]
 
     def mitigate(self, incident_id: str, action: str, node: str | None, *, actor: str) -> dict[str, Any]:
-        """Run one mitigation (``cordon-node``, ``drain-node``, ``tag-jobs:<tag>``, ``notify-owners``,
-        or an undo: ``uncordon-node``, ``untag-jobs:<tag>``) on ``node``; record it (``action``
-        entry with ``result`` ok / failed / skipped and ``undo``). Never raises for the action's own
-        failure: that is recorded."""
-        name, _, arg = action.partition(":")
-        links = Links()
-        try:
-            if self.plane is None or node is None:
-                result, detail = "skipped", "no control plane" if self.plane is None else "the alert names no node"
-            elif name == "cordon-node":
-                self.plane.cordon(node, True)
-                result, detail = "ok", f"node {node} cordoned"
-            elif name == "uncordon-node":
-                self.plane.cordon(node, False)
-                result, detail = "ok", f"node {node} uncordoned"
-            elif name == "drain-node":
-                before = {j: self.plane.get_job(j) for j in self.plane.jobs_on_node(node)}
-                moved = self.plane.drain(node, f"Node {node} was drained by incident {incident_id}.")
-                jobs = [before.get(j) or self.plane.get_job(j) for j in moved]
-                links = Links(jobs=tuple(moved), users=tuple(j["user"] for j in jobs),
-                              virtual_clusters=tuple(j["virtualCluster"] for j in jobs),
-                              gpu_hours_lost=round(sum(_gpu_hours_on(j, node, self.clock()) for j in jobs), 6))
-                result = "ok"
-                detail = f"node {node} drained; re-placed as platform retries: {', '.join(moved) or 'none'}"
-            elif name in ("tag-jobs", "untag-jobs"):
-                tag = arg or f"incident-{incident_id}"
-                jobs = self.plane.jobs_on_node(node)
-                for j in jobs:
-                    if name == "tag-jobs":
-                        self.plane.tag_job(j, tag)
-                    else:
-                        self.plane.untag_job(j, tag)
-                verb = "tagged" if name == "tag-jobs" else "untagged"
-                result, detail = "ok", f"{verb} {tag}: {', '.join(jobs) or 'none'}"
-            elif name == "notify-owners":
-                incident = self.store.get(incident_id)
-                owners = sorted({j.split("~", 1)[0] for j in incident.links.jobs} | set(incident.links.users))
-                for user in owners:
-                    if self.notify_owner is not None:
-                        self.notify_owner(user, f"[incident {incident_id}] {incident.title}",
-                                          f"Your jobs on node {node} were affected by incident {incident_id}: "
-                                          f"{incident.title}. They were re-placed as platform retries; "
-                                          f"nothing is needed from you.")
-                result, detail = "ok", f"told {', '.join(owners) or 'nobody (no jobs affected)'}"
-            else:
-                raise ValidationError("action", f"unknown mitigation {action!r}")
-        except ApiaryError as e:
-            if isinstance(e, ValidationError) and e.field == "action":
-                raise
-            result, detail = "failed", e.message
-        undo = REVERSALS.get(name)
-        self._apply(incident_id, "action", actor, links=links, action=action, target=node, result=result,
-                    message=detail, undo=f"{undo}{':' + arg if arg and undo else ''}" if undo else None)
-        logger.info("incident %s %s %s: %s", incident_id, action, result, detail)
-        return {"action": action, "target": node, "result": result, "detail": detail}
+        """Run one action of the pipeline (:data:`apiary.response.actions.ACTIONS`: ``cordon-node``,
+        ``drain-node``, ``tag-jobs:<tag>``, ``notify-owners``, an undo such as ``uncordon-node``,
+        ...) on ``node`` as ``actor``; record it (``action`` entry with ``result`` ok / failed /
+        skipped and ``undo``). Returns ``{"action", "target", "result", "detail"}``. Never raises
+        for the action's own failure: that is recorded; ValidationError (field ``action``) for an
+        unknown action, NotFoundError for an unknown incident."""
+        run = self.run_action(incident_id, action, node, actor=actor)
+        assert run is not None  # only an alert's action can have run already
+        return run
+
+    def run_action(self, incident_id: str | None, action: str, target: str | None, *, actor: str,
+                   alert: AlertKey | None = None, message: Message | None = None) -> dict[str, Any] | None:
+        """Run ``action`` on ``target`` through the pipeline and record it in incident
+        ``incident_id``'s timeline (None: no incident, nothing recorded here). ``alert``: the alert
+        it is for; None is returned when that alert's action already ran. An ``email-admin`` of an
+        incident with an escalation policy is skipped: on call is paged instead, once. Returns
+        ``{"action", "target", "result", "detail"}``."""
+        self.pipeline.check(action)
+        incident = self.store.get(incident_id) if incident_id is not None else None
+        paged = incident is not None and self.store.row(incident.id)["policy"] is not None
+        run = self.pipeline.run(action, target, alert=alert, incident=incident, message=message, on_call_paged=paged)
+        if run is None:
+            return None
+        if incident is not None:
+            name, _, arg = action.partition(":")
+            undo = REVERSALS.get(name)
+            self._apply(incident.id, "action", actor, links=run.links, action=action, target=run.target or None,
+                        result=run.result, message=run.detail,
+                        undo=f"{undo}{':' + arg if arg else ''}" if undo else None)
+            logger.info("incident %s %s %s: %s", incident.id, action, run.result, run.detail)
+        return run.to_dict()
 
     # ------------------------------------------------------------------ people
     def act(self, incident_id: str, event: str, actor: str, *, message: str | None = None,
@@ -317,8 +325,6 @@ class IncidentService:
     # ------------------------------------------------------------------ reads
     def view(self, incident: Incident) -> dict[str, Any]:
         """The wire shape of one incident, with its SLA deadlines and breaches now."""
-        from apiary.control.views import iso
-
         row = self.store.row(incident.id)
         sla = self.config.incidents.sla
         now = self.clock()
@@ -365,17 +371,6 @@ class IncidentService:
         except Exception:  # evidence is best effort: a failure here must not lose the incident
             logger.exception("recent events of node %s", node)
             return []
-
-
-def _gpu_hours_on(job: dict[str, Any], node: str, now: float) -> float:
-    """GPU-hours the job's runs on ``node`` had done when it was drained: lost, the retry starts over."""
-    total = 0.0
-    for t in job.get("tasks") or []:
-        if t.get("node") != node or not t.get("startTime") or t.get("completionTime"):
-            continue
-        started = datetime.fromisoformat(str(t["startTime"]).replace("Z", "+00:00")).timestamp()
-        total += max(0.0, now - started) * len(t.get("gpus") or []) / 3600.0
-    return total
 
 
 def _item(item: Any) -> dict[str, Any]:

@@ -7,8 +7,11 @@ state, links and fingerprints, in one transaction. ``escalations`` holds each in
 durable escalation deadline; ``incident_notifications`` every delivery attempt;
 ``incident_action_items`` the postmortems' action items.
 
-Every method is one short transaction and blocks. :meth:`IncidentStore.change` serialises
-read-modify-write cycles of one process with a lock: the control plane is the only writer.
+Every method is one short transaction and blocks: writes go through the store's
+:class:`~apiary.store.unit.UnitOfWork`, reads through :func:`~apiary.store.unit.reading`, so a
+store failure is a 503 (:class:`~apiary.errors.UnavailableError`) or a 409 (a unique-key clash),
+never half a change. :meth:`IncidentStore.change` serialises read-modify-write cycles of one
+process with a lock.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from apiary.control.views import iso
 from apiary.errors import NoIncidentError
 from apiary.incidents import Incident, IncidentState, Links, TimelineEntry
 from apiary.store.models import ActionItem, Escalation, IncidentEntry, IncidentRow, Notification
+from apiary.store.unit import Sessions, UnitOfWork, reading
+from apiary.timefmt import iso
 
 #: Longest title and actor stored (the columns' sizes).
 MAX_TITLE = 500
@@ -59,7 +63,7 @@ def entry_json(e: TimelineEntry) -> dict[str, Any]:
 class IncidentStore:
     """Incidents, escalations, notifications and action items in ``sessions``' store."""
 
-    def __init__(self, sessions: Callable[[], Session]) -> None:
+    def __init__(self, sessions: Sessions) -> None:
         self.sessions = sessions
         self.lock = threading.RLock()
 
@@ -75,7 +79,7 @@ class IncidentStore:
 
     def get(self, incident_id: str | int) -> Incident:
         """The incident; raises NoIncidentError (a NotFoundError, 404)."""
-        with self.sessions() as s:
+        with reading(self.sessions, "incident store: get") as s:
             row = s.get(IncidentRow, _id(incident_id))
             if row is None:
                 raise NoIncidentError(f"Incident {incident_id} not found.")
@@ -83,7 +87,7 @@ class IncidentStore:
 
     def row(self, incident_id: str | int) -> dict[str, Any]:
         """``{"policy", "verdict", "postmortem"}`` of the incident (what the pure model does not hold)."""
-        with self.sessions() as s:
+        with reading(self.sessions, "incident store: row") as s:
             row = s.get(IncidentRow, _id(incident_id))
             if row is None:
                 raise NoIncidentError(f"Incident {incident_id} not found.")
@@ -91,11 +95,12 @@ class IncidentStore:
 
     def create(self, build: Callable[[str], Incident], policy: str | None) -> Incident:
         """Insert the incident ``build(id)`` returns (the id is the new row's); returns it."""
-        with self.lock, self.sessions() as s, s.begin():
+        with self.lock, UnitOfWork(self.sessions, "incident store: create") as uow:
+            s = uow.s
             row = IncidentRow(title="", severity="sev4", dedup_key="", state="triggered", opened_at=0.0,
                               updated_at=0.0, policy=policy, links={}, fingerprints=[])
             s.add(row)
-            s.flush()
+            uow.flush()
             incident = build(str(row.id))
             self._write(s, row, incident, 0)
             return incident
@@ -105,7 +110,8 @@ class IncidentStore:
         """Read-modify-write: yields ``[incident]``; put the changed incident back in the list (the
         machine's :func:`~apiary.incidents.apply` result). Its new entries and state are committed
         when the block ends without an exception; old entries are never rewritten."""
-        with self.lock, self.sessions() as s, s.begin():
+        with self.lock, UnitOfWork(self.sessions, "incident store: change") as uow:
+            s = uow.s
             row = s.get(IncidentRow, _id(incident_id))
             if row is None:
                 raise NoIncidentError(f"Incident {incident_id} not found.")
@@ -133,7 +139,8 @@ class IncidentStore:
 
     def set_fields(self, incident_id: str | int, **fields: Any) -> None:
         """Set ``verdict``, ``postmortem`` or ``policy`` of the incident's row."""
-        with self.lock, self.sessions() as s, s.begin():
+        with self.lock, UnitOfWork(self.sessions, "incident store: set fields") as uow:
+            s = uow.s
             row = s.get(IncidentRow, _id(incident_id))
             if row is None:
                 raise NoIncidentError(f"Incident {incident_id} not found.")
@@ -154,7 +161,7 @@ class IncidentStore:
     def candidates(self, since: float) -> list[Incident]:
         """Open incidents, and those resolved since ``since`` (the reopen window's start)."""
         open_states = [s.value for s in IncidentState.open_states()]
-        with self.sessions() as s:
+        with reading(self.sessions, "incident store: candidates") as s:
             rows = s.scalars(select(IncidentRow).where(
                 (IncidentRow.state.in_(open_states))
                 | ((IncidentRow.state == IncidentState.RESOLVED.value) & (IncidentRow.updated_at >= since)))).all()
@@ -167,12 +174,12 @@ class IncidentStore:
             query = query.where(IncidentRow.state == state)
         if since is not None:
             query = query.where(IncidentRow.opened_at >= since)
-        with self.sessions() as s:
+        with reading(self.sessions, "incident store: recent") as s:
             rows = s.scalars(query.order_by(IncidentRow.id.desc()).limit(limit)).all()
             return self._load_many(s, rows)
 
     def verdicts(self, ids: Iterable[str]) -> dict[str, str | None]:
-        with self.sessions() as s:
+        with reading(self.sessions, "incident store: verdicts") as s:
             rows = s.execute(select(IncidentRow.id, IncidentRow.verdict)
                              .where(IncidentRow.id.in_([_id(i) for i in ids]))).all()
             return {str(i): v for i, v in rows}
@@ -181,7 +188,8 @@ class IncidentStore:
     def set_escalation(self, incident_id: str | int, *, policy: str, started_at: float,
                        acknowledged_at: float | None, next_at: float | None) -> None:
         """Create or replace the incident's escalation (a reopen or retrigger starts a new plan)."""
-        with self.lock, self.sessions() as s, s.begin():
+        with self.lock, UnitOfWork(self.sessions, "incident store: set escalation") as uow:
+            s = uow.s
             row = s.get(Escalation, _id(incident_id))
             if row is None:
                 row = Escalation(incident_id=_id(incident_id), pages_sent=0)
@@ -189,7 +197,7 @@ class IncidentStore:
             row.policy, row.started_at, row.acknowledged_at, row.next_at = policy, started_at, acknowledged_at, next_at
 
     def escalation(self, incident_id: str | int) -> dict[str, Any] | None:
-        with self.sessions() as s:
+        with reading(self.sessions, "incident store: escalation") as s:
             row = s.get(Escalation, _id(incident_id))
             if row is None:
                 return None
@@ -198,20 +206,21 @@ class IncidentStore:
 
     def due(self, now: float, limit: int = 100) -> list[tuple[str, float]]:
         """``(incident_id, next_at)`` of the escalations due at ``now``, oldest deadline first."""
-        with self.sessions() as s:
+        with reading(self.sessions, "incident store: due") as s:
             rows = s.execute(select(Escalation.incident_id, Escalation.next_at)
                              .where(Escalation.next_at.is_not(None), Escalation.next_at <= now)
                              .order_by(Escalation.next_at).limit(limit)).all()
             return [(str(i), float(t)) for i, t in rows]
 
     def next_deadline(self) -> float | None:
-        with self.sessions() as s:
+        with reading(self.sessions, "incident store: next deadline") as s:
             return s.scalar(select(func.min(Escalation.next_at)).where(Escalation.next_at.is_not(None)))
 
     def advance(self, incident_id: str | int, sent_at: float, next_at: float | None) -> None:
         """Record a page sent for the deadline ``sent_at`` and store the next one (None: done).
         Only if the stored deadline is still ``sent_at`` (an acknowledgement in between wins)."""
-        with self.lock, self.sessions() as s, s.begin():
+        with self.lock, UnitOfWork(self.sessions, "incident store: advance") as uow:
+            s = uow.s
             row = s.get(Escalation, _id(incident_id))
             if row is None or row.next_at is None or abs(row.next_at - sent_at) > 1e-6:
                 return
@@ -221,12 +230,13 @@ class IncidentStore:
     # ------------------------------------------------------------------ notifications
     def record_notification(self, incident_id: str | int, *, at: float, channel: str, recipient: str,
                             attempt: int, ok: bool, detail: str) -> None:
-        with self.sessions() as s, s.begin():
+        with UnitOfWork(self.sessions, "incident store: record notification") as uow:
+            s = uow.s
             s.add(Notification(incident_id=_id(incident_id), at=at, channel=channel[:32], recipient=recipient[:200],
                                attempt=attempt, ok=ok, detail=detail[:4000]))
 
     def notifications(self, incident_id: str | int) -> list[dict[str, Any]]:
-        with self.sessions() as s:
+        with reading(self.sessions, "incident store: notifications") as s:
             rows = s.scalars(select(Notification).where(Notification.incident_id == _id(incident_id))
                              .order_by(Notification.id)).all()
             return [{"at": iso(n.at), "channel": n.channel, "recipient": n.recipient, "attempt": n.attempt,
@@ -234,7 +244,7 @@ class IncidentStore:
 
     def notification_counts(self) -> dict[tuple[str, str], int]:
         """``{(channel, "ok" | "failed"): attempts}`` over all incidents (for ``/metrics``)."""
-        with self.sessions() as s:
+        with reading(self.sessions, "incident store: notification counts") as s:
             rows = s.execute(select(Notification.channel, Notification.ok, func.count())
                              .group_by(Notification.channel, Notification.ok)).all()
             return {(c, "ok" if ok else "failed"): int(n) for c, ok, n in rows}
@@ -242,10 +252,11 @@ class IncidentStore:
     # ------------------------------------------------------------------ action items
     def set_action_items(self, incident_id: str | int, items: Iterable[dict[str, Any]]) -> None:
         """Replace the incident's action items with ``items`` (``{"key", "text", "owner", "status"}``)."""
-        with self.lock, self.sessions() as s, s.begin():
+        with self.lock, UnitOfWork(self.sessions, "incident store: set action items") as uow:
+            s = uow.s
             for old in s.scalars(select(ActionItem).where(ActionItem.incident_id == _id(incident_id))).all():
                 s.delete(old)
-            s.flush()
+            uow.flush()
             for item in items:
                 s.add(ActionItem(incident_id=_id(incident_id), key=str(item["key"])[:32], text=str(item["text"]),
                                  owner=item.get("owner"), status=str(item.get("status") or "open")[:16]))
@@ -256,7 +267,7 @@ class IncidentStore:
             query = query.where(ActionItem.incident_id == _id(incident_id))
         if status:
             query = query.where(ActionItem.status == status)
-        with self.sessions() as s:
+        with reading(self.sessions, "incident store: action items") as s:
             return [{"incident": str(a.incident_id), "key": a.key, "text": a.text, "owner": a.owner,
                      "status": a.status} for a in s.scalars(query.order_by(ActionItem.id)).all()]
 

@@ -1,4 +1,4 @@
-"""Job-failure triage on the live platform (issue 14, "rules distilled from experience").
+"""Job-failure triage on the live platform ("rules distilled from experience").
 
 Each FAILED job is classed user / platform / hardware (the classes of the Philly failure study,
 :func:`apiary.incidents.classify_failure`: the exit spec plus log-pattern rules), once: the class is

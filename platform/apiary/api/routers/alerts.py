@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query
 
 from apiary.api.auth import Admin, Caller
 from apiary.api.deps import Receiver
@@ -21,21 +21,18 @@ class AlertmanagerWebhook(AlertmanagerPayload, RequestBody):
 
 @router.post("/webhook", response_model=WebhookResult)
 def alert_webhook(
-    payload: AlertmanagerWebhook, receiver: Receiver, caller: Caller, request: Request,
+    payload: AlertmanagerWebhook, receiver: Receiver, caller: Caller,
     action: list[str] = Query(default=[], max_length=20),
 ) -> dict:
     """Alertmanager's webhook (version 4), with the Alertmanager service token (or an admin's).
-    ``?action=cordon-node&action=email-admin`` runs those actions (a receiver per action, OpenPAI's
-    style; admins only); without it the actions config decides."""
+    The group goes through the one intake: stored, handed to incidents (open, join, resolve) and
+    its actions run once each. ``?action=cordon-node&action=email-admin`` selects those actions
+    (a receiver per action, OpenPAI's style; admins only); without it the actions config decides."""
     if not (caller.is_alertmanager or caller.admin):
         raise ForbiddenError(f"Only Alertmanager and admins may post alerts; you are {caller.describe()}.")
     if action and not caller.admin:
         raise ForbiddenError("Only admins may choose the actions (?action=); Alertmanager's run the actions config.")
-    actions = receiver.receive(payload, action or None)
-    incidents = getattr(request.app.state, "incidents", None)
-    if incidents is not None:  # the group opens or joins an incident (apiary.response)
-        incidents.ingest_alertmanager(payload.model_dump())
-    return {"actions": actions}
+    return {"actions": receiver.receive(payload, action or None)}
 
 
 @router.get("", response_model=AlertsPage)

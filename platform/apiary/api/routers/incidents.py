@@ -1,4 +1,4 @@
-"""Incident routes (issue 14; :mod:`apiary.response`).
+"""Incident routes (:mod:`apiary.response`).
 
 * ``POST /api/v2/incidents``: open one by hand (admins, the Alertmanager token and whoever is on
   call now: :func:`responders`; the opener is the caller). Opening one pages people, so ordinary
@@ -39,6 +39,7 @@ from apiary.errors import ForbiddenError, UnavailableError, ValidationError
 from apiary.incidents import Incident, Links
 from apiary.oncall import OncallConfig, on_call, resolve_targets
 from apiary.response.service import IncidentService
+from apiary.timefmt import iso
 
 router = APIRouter(prefix="/api/v2", tags=["incidents"], responses=ERROR_RESPONSES)
 _checked = [Depends(plain_text)]
@@ -243,8 +244,6 @@ def who_is_on_call(service: Incidents, _caller: People, at: datetime | None = No
 
 
 def _summary(service: IncidentService, i: Incident) -> dict[str, Any]:
-    from apiary.control.views import iso
-
     return {"id": i.id, "title": i.title, "severity": i.severity.value, "state": i.state.value,
             "openedAt": iso(i.opened_at), "updatedAt": iso(i.last_at), "nodes": list(i.links.nodes),
             "jobs": list(i.links.jobs)}
