@@ -467,9 +467,9 @@ def test_a_batch_reads_its_output_from_apiary_while_its_flow_runs_are_written(se
 
     async def read_after_a_run_exists(reads):
         deadline = time.monotonic() + 20
-        while not bridge._links and time.monotonic() < deadline:
+        while not bridge.new_links and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        seen.append(bool(bridge._links))
+        seen.append(bool(bridge.new_links))
         return await real(reads)
 
     src.logs_many = read_after_a_run_exists  # type: ignore[method-assign]
@@ -481,7 +481,7 @@ def test_a_batch_reads_its_output_from_apiary_while_its_flow_runs_are_written(se
 
 
 def test_together_lets_every_step_finish_before_it_raises_and_prefers_a_lasting_failure():
-    from apiary.tracking.bridge import _together
+    from apiary.tracking.transient import together
 
     finished: list[str] = []
 
@@ -492,12 +492,74 @@ def test_together_lets_every_step_finish_before_it_raises_and_prefers_a_lasting_
             raise exc
         return name
 
-    assert asyncio.run(_together(step("a", 0.02), step("b", 0))) == ["a", "b"]
+    assert asyncio.run(together(step("a", 0.02), step("b", 0))) == ["a", "b"]
     finished.clear()
     with pytest.raises(ValueError):  # not transient: the batch is not simply redone
-        asyncio.run(_together(step("slow", 0.05), step("away", 0, OSError("reset")), step("bad", 0.01, ValueError())))
+        asyncio.run(together(step("slow", 0.05), step("away", 0, OSError("reset")), step("bad", 0.01, ValueError())))
     assert sorted(finished) == ["away", "bad", "slow"]  # the slow write was not left running
     finished.clear()
     with pytest.raises(OSError):
-        asyncio.run(_together(step("slow", 0.05), step("away", 0, OSError("reset"))))
+        asyncio.run(together(step("slow", 0.05), step("away", 0, OSError("reset"))))
     assert sorted(finished) == ["away", "slow"]
+
+
+def _attached_run(api_url: str, name: str) -> str:
+    """A Running flow run of ``apiary-job``, as a flow engine runs it (the Prefect form's)."""
+    from prefect.client.orchestration import PrefectClient
+    from prefect.client.schemas.actions import FlowRunCreate
+    from prefect.states import Running
+
+    async def make():
+        async with PrefectClient(api=api_url) as client:
+            flow_id = await client.create_flow_from_name("apiary-job")
+            resp = await client.request("POST", "/flow_runs/", json=FlowRunCreate(
+                flow_id=flow_id, name=name, tags=["apiary"]).model_dump(mode="json", exclude_unset=True))
+            fid = resp.json()["id"]
+            await client.set_flow_run_state(fid, Running(), force=True)
+            return fid
+
+    return asyncio.run(make())
+
+
+def _feed_stopped(src: MemoryEventSource, job_id: str, fid: str, t: float) -> None:
+    user, name = job_id.split("~")
+    src.emit(job_id, "job.submitted", {"user": user, "name": name, "virtualCluster": "vc1", "priorityClass": "prod",
+                                       "flowRunId": fid}, t)
+    src.emit(job_id, "task.started", {"attempt": 0, "taskRole": "train", "index": 0, "node": "n1", "gpus": [0]}, t)
+    src.emit(job_id, "job.stop_requested", {}, t + 1)
+    src.emit(job_id, "job.completed", {"state": "STOPPED", "exitCode": -210, "attempt": 0}, t + 1)
+
+
+def test_an_attached_run_its_engine_left_running_ends_with_its_job_after_a_restart(server, tmp_path):
+    # The form's run is run by a flow engine in prefect-serve, which a restart of the platform ends.
+    fid = _attached_run(server.api_url, "hal~form")
+    src = MemoryEventSource()
+    _feed_stopped(src, "hal~form", fid, time.time() - 5)
+    state = tmp_path / "b.json"
+    asyncio.run(PrefectBridge(src, server.api_url, state, settle_after_s=3600).sync_once())
+    run = asyncio.run(_run_of(server.api_url, "hal~form"))
+    assert run.state_name == "Running"  # the engine's to end while it may be alive
+    assert "settle" in json.loads(state.read_text())["jobs"]["hal~form"]  # kept across a restart
+    asyncio.run(PrefectBridge(src, server.api_url, state, settle_after_s=0).sync_once())  # a restarted bridge
+    run = asyncio.run(_run_of(server.api_url, "hal~form"))
+    assert (run.state.type.value, run.state_name) == ("CANCELLED", "Cancelled")
+    assert "job STOPPED" in run.state.message
+    assert "settle" not in json.loads(state.read_text())["jobs"]["hal~form"]
+
+
+def test_an_attached_run_its_engine_ended_keeps_the_engines_state(server, tmp_path):
+    from prefect.client.orchestration import PrefectClient
+    from prefect.states import Cancelled
+
+    fid = _attached_run(server.api_url, "ida~form")
+
+    async def end():
+        async with PrefectClient(api=server.api_url) as client:
+            await client.set_flow_run_state(fid, Cancelled(message="ended by its engine"), force=True)
+
+    asyncio.run(end())
+    src = MemoryEventSource()
+    _feed_stopped(src, "ida~form", fid, time.time() - 60)
+    asyncio.run(PrefectBridge(src, server.api_url, tmp_path / "b.json", settle_after_s=0).sync_once())
+    run = asyncio.run(_run_of(server.api_url, "ida~form"))
+    assert run.state_name == "Cancelled" and run.state.message == "ended by its engine"

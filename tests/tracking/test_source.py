@@ -99,7 +99,7 @@ def test_unreachable_apiary_is_unavailable():
     pytest.param(404, NotFoundError, False, id="404"),
 ])
 def test_error_answers_use_the_shared_mapping_and_the_bridge_retries_every_5xx(status, cls, transient):
-    from apiary.tracking.bridge import _is_transient
+    from apiary.tracking.transient import is_transient
 
     src = HttpEventSource("http://apiary.test", transport=httpx.MockTransport(
         lambda request: httpx.Response(status, json={"code": "X", "message": "no"})))
@@ -107,4 +107,4 @@ def test_error_answers_use_the_shared_mapping_and_the_bridge_retries_every_5xx(s
         asyncio.run(src.events(0))
     assert type(caught.value) is cls and caught.value.status_code == status
     assert caught.value.message == f"events after=0: HTTP {status}: no"
-    assert _is_transient(caught.value) is transient
+    assert is_transient(caught.value) is transient

@@ -31,3 +31,15 @@ def test_final_states_carry_the_exit_code_and_its_exit_spec_meaning():
 def test_submitted_is_running_so_the_run_starts_when_apiary_accepts_the_job():
     s = states.submitted("alice", "vc1", "prod")
     assert (s.type, s.name) == ("RUNNING", "Submitted") and "alice" in s.message
+
+
+def test_one_table_holds_every_job_state_and_the_helpers_read_it():
+    from apiary.lifecycle.states import JobState
+
+    assert {s for s, _ in states.FLOW_RUN_STATES if s is not None} == set(JobState)
+    for s in JobState.final_states():
+        spec = states.final(s, 0)
+        assert (spec.type, spec.name) == states.FLOW_RUN_STATES[(s, False)] and spec.final
+    assert (states.awaiting_retry("preempted").type, states.awaiting_retry("preempted").name) == \
+        states.FLOW_RUN_STATES[(JobState.WAITING, True)]
+    assert states.FINAL_TYPES[JobState.STOPPED] == "CANCELLED" and states.FINAL_TYPES["STOPPED"] == "CANCELLED"

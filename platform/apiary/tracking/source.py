@@ -7,7 +7,8 @@ Event shape (the REST contract, ``GET /api/v2/events``): ``{"seq": int, "time": 
 seconds, "jobId": "user~name", "type": str, "data": dict}``, ordered by ``seq``. Types:
 ``job.submitted``, ``job.waiting``, ``job.placed``, ``task.started``, ``task.exited``,
 ``job.preempted``, ``job.retry``, ``job.stop_requested``, ``job.completed`` (see
-:mod:`apiary.tracking.bridge` for what each becomes in Prefect).
+:mod:`apiary.tracking.events` for their typed form and :mod:`apiary.tracking.recorder` for what
+each becomes in Prefect).
 
 Errors: implementations raise :class:`~apiary.errors.UnavailableError` when Apiary cannot be
 reached, and for an error answer the class :func:`~apiary.errors.error_from_response` gives

@@ -1,9 +1,9 @@
 """The one mapping from an Apiary job's state to its Prefect flow run's state.
 
 Every job is one flow run of flow ``apiary-job``; what the Prefect UI shows for it comes from
-this table and nowhere else (the bridge, :mod:`apiary.tracking.bridge`, sets the states; the
-``apiary-job`` flows return :func:`final` as their result state). No Prefect import: the table is
-tested without a server.
+this table (:data:`FLOW_RUN_STATES`) and nowhere else (the bridge, :mod:`apiary.tracking.bridge`,
+sets the states; the ``apiary-job`` flows return :func:`final` as their result state). No Prefect
+import: the table is tested without a server.
 
 =======================================  ============  ==============  =========================================
 Apiary                                   Prefect type  Prefect name    message
@@ -32,16 +32,45 @@ Why these types:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from apiary.lifecycle.exitspec import classify_exit
+from apiary.lifecycle.states import JobState
 
-__all__ = ["FINAL_NAMES", "FINAL_TYPES", "StateSpec", "awaiting_retry", "final", "running", "submitted", "waiting"]
+__all__ = [
+    "FINAL_NAMES",
+    "FINAL_TYPES",
+    "FLOW_RUN_STATES",
+    "StateSpec",
+    "awaiting_retry",
+    "final",
+    "running",
+    "submitted",
+    "waiting",
+]
 
-#: Apiary's final job state -> Prefect state type.
-FINAL_TYPES = {"SUCCEEDED": "COMPLETED", "FAILED": "FAILED", "STOPPED": "CANCELLED"}
+#: THE table: a job's lifecycle state -> its flow run's (Prefect state type, name). The key is the
+#: :class:`~apiary.lifecycle.states.JobState` (None: accepted, before the scheduler's first word)
+#: and whether the job waits for another attempt (after a preemption or a retry). Every state the
+#: bridge or a flow sets comes from here; the functions below only add the message.
+FLOW_RUN_STATES: Mapping[tuple[JobState | None, bool], tuple[str, str]] = MappingProxyType({
+    (None, False): ("RUNNING", "Submitted"),
+    (JobState.WAITING, False): ("PENDING", "Waiting"),
+    (JobState.WAITING, True): ("PENDING", "AwaitingRetry"),
+    (JobState.RUNNING, False): ("RUNNING", "Running"),
+    (JobState.SUCCEEDED, False): ("COMPLETED", "Completed"),
+    (JobState.FAILED, False): ("FAILED", "Failed"),
+    (JobState.STOPPED, False): ("CANCELLED", "Cancelled"),
+})
+
+#: Apiary's final job state -> Prefect state type (the final rows of :data:`FLOW_RUN_STATES`).
+FINAL_TYPES: Mapping[JobState, str] = MappingProxyType(
+    {s: FLOW_RUN_STATES[(s, False)][0] for s in sorted(JobState.final_states())})
 #: Prefect terminal state type -> the name the UI shows.
-FINAL_NAMES = {"COMPLETED": "Completed", "FAILED": "Failed", "CANCELLED": "Cancelled"}
+FINAL_NAMES: Mapping[str, str] = MappingProxyType(
+    {FLOW_RUN_STATES[(s, False)][0]: FLOW_RUN_STATES[(s, False)][1] for s in sorted(JobState.final_states())})
 
 
 @dataclass(frozen=True)
@@ -59,10 +88,15 @@ class StateSpec:
         return self.type in FINAL_NAMES
 
 
+def _row(state: JobState | None, message: str, retrying: bool = False) -> StateSpec:
+    ptype, name = FLOW_RUN_STATES[(state, retrying)]
+    return StateSpec(ptype, name, message)
+
+
 def submitted(user: str | None, virtual_cluster: str | None, priority_class: str | None) -> StateSpec:
     """The first state of a job's run: RUNNING "Submitted" (see the module docstring for why)."""
-    return StateSpec("RUNNING", "Submitted",
-                     f"accepted by Apiary: user={user} virtualCluster={virtual_cluster} priorityClass={priority_class}")
+    return _row(None, f"accepted by Apiary: user={user} virtualCluster={virtual_cluster} "
+                      f"priorityClass={priority_class}")
 
 
 def waiting(reason: str | None, retry_cause: str | None = None) -> StateSpec:
@@ -70,32 +104,39 @@ def waiting(reason: str | None, retry_cause: str | None = None) -> StateSpec:
     (the job was preempted or is being retried and has not started again)."""
     if retry_cause:
         return awaiting_retry(retry_cause, reason)
-    return StateSpec("PENDING", "Waiting", reason or "waiting for placement")
+    return _row(JobState.WAITING, reason or "waiting for placement")
 
 
 def awaiting_retry(cause: str, reason: str | None = None) -> StateSpec:
     """A preempted or retried job waiting for its next attempt: ``cause``, then the waiting reason."""
-    return StateSpec("PENDING", "AwaitingRetry", f"{cause}; waiting: {reason}" if reason else cause)
+    return _row(JobState.WAITING, f"{cause}; waiting: {reason}" if reason else cause, retrying=True)
 
 
 def running(message: str) -> StateSpec:
     """RUNNING: an instance of the current attempt started."""
-    return StateSpec("RUNNING", "Running", message)
+    return _row(JobState.RUNNING, message)
 
 
-def final(state: str, exit_code: int | None, attempt: int | None = None, stopped_by: str | None = None) -> StateSpec:
-    """The terminal state of a job that ended ``state`` (SUCCEEDED | FAILED | STOPPED).
+def final(state: JobState | str, exit_code: int | None, attempt: int | None = None,
+          stopped_by: str | None = None) -> StateSpec:
+    """The terminal state of a job that ended ``state`` (SUCCEEDED | FAILED | STOPPED, the enum or
+    its name in any case).
 
     FAILED carries the exit code with its OpenPAI exit-spec meaning
     (:func:`apiary.lifecycle.exitspec.classify_exit`: phrase, type and reason), e.g.
-    ``exit code 1: PAIRuntimeExitAbnormally (USER_FAILURE) ...``. An unknown ``state`` maps to
-    Failed (it cannot be a success). Raises nothing.
+    ``exit code 1: PAIRuntimeExitAbnormally (USER_FAILURE) ...``. An unknown or non-final
+    ``state`` maps to Failed (it cannot be a success). Raises nothing.
     """
-    ptype = FINAL_TYPES.get(str(state).upper(), "FAILED")
+    try:
+        job_state = JobState(str(state).upper())
+    except ValueError:
+        job_state = JobState.FAILED
+    if not job_state.is_final:
+        job_state = JobState.FAILED
     tail = f" (attempt {attempt})" if attempt else ""
-    if ptype == "COMPLETED":
+    if job_state is JobState.SUCCEEDED:
         message = f"job SUCCEEDED, exit code 0{tail}"
-    elif ptype == "CANCELLED":
+    elif job_state is JobState.STOPPED:
         message = f"job STOPPED{' by ' + stopped_by if stopped_by else ''}, exit code {exit_code}{tail}"
     elif exit_code is None:
         message = f"job {state}{tail}"
@@ -103,4 +144,4 @@ def final(state: str, exit_code: int | None, attempt: int | None = None, stopped
         info = classify_exit(int(exit_code))
         meaning = f"{info.phrase} ({info.type})" + (f": {info.reason}" if info.reason else "")
         message = f"job FAILED, exit code {exit_code}: {meaning}{tail}"
-    return StateSpec(ptype, FINAL_NAMES[ptype], message)
+    return _row(job_state, message)
