@@ -16,7 +16,7 @@ staging        image               a staging platform from those images (torn do
 integration    staging             tests/staging (Lab 6 scenarios included) against staging
 load           integration         the Locust smoke profile and its gates against staging
 chaos          integration         the chaos experiments for CI, judged from their journals
-regression     unit                the quick benchmark against bench/thresholds.yaml
+regression     unit                the quick scheduler benchmark, paired with the base commit
 report         (always)            the summary table and the commit status
 =============  ==================  ==========================================================
 
@@ -97,7 +97,9 @@ class StageOutcome:
 @dataclass(frozen=True)
 class Commit:
     """What the pipeline tests: ``repo`` (owner/name), ``clone_url``, ``sha`` (40 hex), ``ref``
-    (branch), ``pr_number`` (None for the default branch), ``kind`` (``pr`` or ``deploy``)."""
+    (branch), ``pr_number`` (None for the default branch), ``kind`` (``pr`` or ``deploy``),
+    ``base_ref``: the branch a pull request merges into ("": none known; the regression stage then
+    compares with the commit's first parent)."""
 
     repo: str
     clone_url: str
@@ -106,6 +108,7 @@ class Commit:
     pr_number: int | None = None
     kind: str = "pr"
     sender: str = ""
+    base_ref: str = ""
 
     @property
     def short(self) -> str:
@@ -121,7 +124,8 @@ class Commit:
         """From :meth:`apiary.ci.webhooks.PipelineRequest.parameters`; raises KeyError naming a missing field."""
         return cls(repo=str(request["repo"]), clone_url=str(request["clone_url"]), sha=str(request["sha"]),
                    ref=str(request.get("ref") or ""), pr_number=request.get("pr_number"),
-                   kind=str(request.get("kind") or "pr"), sender=str(request.get("sender") or ""))
+                   kind=str(request.get("kind") or "pr"), sender=str(request.get("sender") or ""),
+                   base_ref=str(request.get("base_ref") or "") if request.get("pr_number") is not None else "")
 
 
 @dataclass

@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from apiary.ci import paired
 from apiary.ci.pipeline import CiContext, PipelineReport, Stage, StageFailed
 
 SHA_RE = re.compile(r"^[0-9a-f]{7,40}$")
@@ -54,12 +55,14 @@ def _run(ctx: CiContext, stage: str, argv: Sequence[object], *, cwd: Path | None
     return proc
 
 
-def workspace_env(ctx: CiContext, **more: str) -> dict[str, str]:
-    """The environment of commands run in the workspace: its ``platform/`` and root first on
-    PYTHONPATH, the CI runner's virtualenv on PATH, no inherited Apiary credentials."""
+def workspace_env(ctx: CiContext, root: Path | None = None, **more: str) -> dict[str, str]:
+    """The environment of commands run in the workspace (or in the checkout ``root``): its
+    ``platform/`` and root first on PYTHONPATH, the CI runner's virtualenv on PATH, no inherited
+    Apiary credentials."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("APIARY_TOKEN", "APIARY_CI_"))}
     venv = Path(ctx.config.venv)
-    env.update(PYTHONPATH=f"{ctx.workspace / 'platform'}{os.pathsep}{ctx.workspace}",
+    tree = root or ctx.workspace
+    env.update(PYTHONPATH=f"{tree / 'platform'}{os.pathsep}{tree}",
                PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv),
                DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONDONTWRITEBYTECODE="1", **more)
     return env
@@ -300,21 +303,74 @@ def chaos(ctx: CiContext) -> str:
 # -- regression ---------------------------------------------------------------------------------
 
 
-def regression(ctx: CiContext) -> str:
-    """``bench/run.py --quick --only scheduler`` in the workspace against its
-    ``bench/thresholds.yaml``: exit 1 (a target missed) fails the stage, naming the targets."""
-    out = ctx.artifacts / "bench-results.json"
+def base_commit(ctx: CiContext) -> str | None:
+    """The commit the change is compared with, in the workspace's repository: for a pull request
+    with a ``base_ref``, the merge base of HEAD and that branch (fetched from origin); otherwise,
+    or when that fails, HEAD's first parent. None for a root commit."""
+    git: list[object] = ["git", "-C", ctx.workspace]
+    if ctx.commit.base_ref and not ctx.commit.base_ref.startswith("-"):
+        if _run(ctx, "regression", [*git, "fetch", "--quiet", "origin", "--", ctx.commit.base_ref]).returncode == 0:
+            proc = _run(ctx, "regression", [*git, "merge-base", "HEAD", "FETCH_HEAD"])
+            if proc.returncode == 0 and SHA_RE.fullmatch(proc.stdout.strip()):
+                return proc.stdout.strip()
+    proc = _run(ctx, "regression", [*git, "rev-parse", "--verify", "--quiet", "HEAD^"])
+    head = proc.stdout.strip()
+    return head if proc.returncode == 0 and SHA_RE.fullmatch(head) else None
+
+
+def bench_once(ctx: CiContext, tree: Path, out: Path) -> dict[str, Any]:
+    """``bench/run.py --quick --only scheduler`` in the checkout ``tree`` (no thresholds: the
+    stage judges the pair); its results document. Raises RuntimeError when it cannot run."""
+    empty = ctx.artifacts / "no-thresholds.yaml"
+    empty.write_text("{}\n")
     argv = [Path(ctx.config.venv) / "bin" / "python", "bench/run.py", "--quick", "--only", "scheduler",
-            "--out", out, "--thresholds", ctx.workspace / "bench" / "thresholds.yaml"]
-    proc = _run(ctx, "regression", argv, cwd=ctx.workspace, env=workspace_env(ctx), timeout=TIMEOUTS["regression"])
-    lines = (proc.stdout + proc.stderr).splitlines()
-    missed = [ln.strip() for ln in lines if "FAIL" in ln]
-    if proc.returncode == 1:
-        raise StageFailed("benchmark regression: " + "; ".join(missed[:3]))
-    if proc.returncode != 0:
-        raise RuntimeError(f"bench/run.py could not run (exit {proc.returncode}): {' / '.join(lines[-3:])}")
-    passed = [ln for ln in lines if "PASS" in ln]
-    return f"{len(passed)} benchmark targets met (quick scheduler benchmark)"
+            "--out", out, "--thresholds", empty]
+    proc = _run(ctx, "regression", argv, cwd=tree, env=workspace_env(ctx, root=tree), timeout=TIMEOUTS["regression"])
+    if proc.returncode != 0 or not out.is_file():
+        lines = (proc.stdout + proc.stderr).splitlines()
+        raise RuntimeError(f"bench/run.py in {tree.name} could not run (exit {proc.returncode}): "
+                           f"{' / '.join(lines[-3:])}")
+    return dict(json.loads(out.read_text()))
+
+
+def regression(ctx: CiContext) -> str:
+    """The quick scheduler benchmark of the change against its base commit (:func:`base_commit`),
+    both measured here, interleaved, and judged by the ratio of their medians
+    (:mod:`apiary.ci.paired`), not against absolute targets: a busy machine slows both alike. The
+    base is checked out beside the workspace (a git worktree, removed at the end); the results
+    go to ``<artifacts>/bench-paired.json``. A change more than :data:`apiary.ci.paired.TOLERANCE`
+    times worse fails the stage, naming the metrics. Passes, saying so, when there is no base
+    commit or the base has no benchmark to run."""
+    base = base_commit(ctx)
+    if base is None:
+        return "no base commit to compare with: the benchmark was not judged"
+    tree = ctx.workspace.parent / f"{ctx.workspace.name}-base"
+    shutil.rmtree(tree, ignore_errors=True)
+    git: list[object] = ["git", "-C", ctx.workspace]
+    if _run(ctx, "regression", [*git, "worktree", "add", "--detach", "--force", tree, base]).returncode != 0:
+        raise RuntimeError(f"cannot check out the base commit {base[:12]}")
+    try:
+        if not (tree / "bench" / "run.py").is_file():
+            return f"the base commit {base[:12]} has no bench/run.py: the benchmark was not judged"
+        counter = {"base": 0, "change": 0}
+
+        def measure(side: str, root: Path) -> dict[str, Any]:
+            counter[side] += 1
+            return bench_once(ctx, root, ctx.artifacts / f"bench-{side}-{counter[side]}.json")
+
+        base_runs, change_runs = paired.measure_interleaved(lambda: measure("base", tree),
+                                                            lambda: measure("change", ctx.workspace))
+    finally:
+        _run(ctx, "regression", [*git, "worktree", "remove", "--force", tree])
+        shutil.rmtree(tree, ignore_errors=True)
+    verdict = paired.judge(base_runs, change_runs)
+    (ctx.artifacts / "bench-paired.json").write_text(
+        json.dumps({"base": base, "change": ctx.data.get("head", ctx.commit.sha), **verdict.to_dict()}, indent=1))
+    if not verdict.comparisons:
+        raise StageFailed(f"benchmark: no metric measured on both the change and base {base[:8]}")
+    if not verdict.ok:
+        raise StageFailed(f"benchmark regression against base {base[:8]}: {verdict.summary()}")
+    return f"no regression against base {base[:8]}: {verdict.summary()}"
 
 
 # -- report -------------------------------------------------------------------------------------
