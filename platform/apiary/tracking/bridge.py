@@ -65,7 +65,14 @@ from typing import Any
 
 from apiary.errors import NotFoundError
 from apiary.tracking.events import JobEvent, Submitted, read_event
-from apiary.tracking.flowruns import FLOW_NAME, JOB_DEPLOYMENT, FlowRunWriter, busy_retry, task_event
+from apiary.tracking.flowruns import (
+    EVENT_TASK_RUN_EXCLUDE,
+    FLOW_NAME,
+    JOB_DEPLOYMENT,
+    FlowRunWriter,
+    busy_retry,
+    task_event,
+)
 from apiary.tracking.ledger import Ledger
 from apiary.tracking.recorder import Out, Recorder, task_run_id
 from apiary.tracking.source import JobEventSource
@@ -76,6 +83,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["FLOW_NAME", "JOB_DEPLOYMENT", "PrefectBridge", "run_bridge", "task_run_id"]
 
 _MAX_BATCH_LINES = 500
+#: Kept for bench/prefect_cost.py, which still imports it by this name; the public one is
+#: :data:`apiary.tracking.flowruns.EVENT_TASK_RUN_EXCLUDE`.
+_EVENT_TASK_RUN_EXCLUDE = EVENT_TASK_RUN_EXCLUDE
 _MAX_BATCH_BYTES = 1_000_000
 
 
@@ -262,8 +272,8 @@ class PrefectBridge:
                     raise
                 logger.error("event skipped seq=%s job=%s type=%s error=%r", raw.get("seq"), job_id, raw.get("type"),
                              exc)
-                if isinstance(job_id, str) and job_id:
-                    self.ledger.job(job_id)["lastSeq"] = raw.get("seq")
+                if isinstance(job_id, str) and job_id and isinstance(raw.get("seq"), int):
+                    self.ledger.job(job_id)["lastSeq"] = raw["seq"]
         try:
             await self._flush(writer, out)
         except Exception as exc:

@@ -38,7 +38,15 @@ from apiary.tracking.transient import is_transient
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FLOW_NAME", "JOB_DEPLOYMENT", "FlowRunWriter", "busy_retry", "task_event", "to_state"]
+__all__ = [
+    "EVENT_TASK_RUN_EXCLUDE",
+    "FLOW_NAME",
+    "JOB_DEPLOYMENT",
+    "FlowRunWriter",
+    "busy_retry",
+    "task_event",
+    "to_state",
+]
 
 FLOW_NAME = "apiary-job"
 #: The deployment every bridge-made flow run belongs to: a run with a deployment gets the UI's
@@ -342,13 +350,13 @@ def task_event(job: dict, tr: dict, change: dict) -> dict:
                 "state_details": {},
                 "data": None,
             },
-            "task_run": run.model_dump(mode="json", exclude_none=True, exclude=_EVENT_TASK_RUN_EXCLUDE),
+            "task_run": run.model_dump(mode="json", exclude_none=True, exclude=EVENT_TASK_RUN_EXCLUDE),
         },
     }
 
 
-# TaskRun fields the task run recorder fills itself (the exclusions of Prefect's own task engine).
-_EVENT_TASK_RUN_EXCLUDE = {
+#: TaskRun fields the task run recorder fills itself (the exclusions of Prefect's own task engine).
+EVENT_TASK_RUN_EXCLUDE = {
     "id",
     "created",
     "updated",

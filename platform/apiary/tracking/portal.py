@@ -32,7 +32,7 @@ from apiary.tracking.submit import FINAL_STATES, platform_api_url, submit_job, w
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PriorityClass", "TaskRoleForm", "job_from_form", "run_job"]
+__all__ = ["PriorityClass", "TaskRoleForm", "job_from_form", "run_job", "yaml_name"]
 
 #: OpenPAI's job priority classes (``extras.hivedScheduler.jobPriorityClass``), highest first.
 PriorityClass = Literal["crit", "prod", "test", "oppo"]
@@ -164,7 +164,7 @@ async def run_job(
             try:
                 job_id = await submit_job(client, job, user, flow_run_id)
             except ConflictError:
-                name = job.get("name") if isinstance(job, dict) else _yaml_name(job)
+                name = job.get("name") if isinstance(job, dict) else yaml_name(job)
                 job_id = f"{user}~{name}"
                 existing = await _get(client, job_id)
                 if not flow_run_id or existing.get("flowRunId") != str(flow_run_id):
@@ -201,7 +201,8 @@ async def _follow_or_clone(client: httpx.AsyncClient, existing: dict, flow_run_i
     return new_id
 
 
-def _yaml_name(text: Any) -> str | None:
+def yaml_name(text: Any) -> str | None:
+    """The ``name`` of an OpenPAI job YAML text; None when it is not YAML or has no name."""
     import yaml
 
     try:
@@ -209,6 +210,10 @@ def _yaml_name(text: Any) -> str | None:
     except yaml.YAMLError:
         return None
     return doc.get("name") if isinstance(doc, dict) else None
+
+
+#: The old name of :func:`yaml_name`, still imported by flows/job.py.
+_yaml_name = yaml_name
 
 
 #: Titles the run form shows for the ``submit`` flow's own fields (Prefect titles them by the
