@@ -190,3 +190,44 @@ def test_the_migration_copies_the_three_tables_into_records(tmp_path: Path) -> N
         assert conn.execute(text("SELECT count(*) FROM ci_runs")).scalar() == 2
         assert conn.execute(text("SELECT count(*) FROM deployments")).scalar() == 2
     engine.dispose()
+
+
+def test_the_api_filters_runs_by_sha_and_shows_whole_records(sessions: Sessions) -> None:
+    """``GET /api/v2/ci/runs?sha=`` (what the deploy gate asks) and ``GET /api/v2/ci/records``,
+    through the router over the store (the caller is the Prefect service token)."""
+    from types import SimpleNamespace
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from apiary.api.auth import get_principal
+    from apiary.api.routers import ci_records
+    from apiary.auth.principal import Principal
+
+    app = FastAPI()
+    app.include_router(ci_records.router)
+    app.state.plane = SimpleNamespace(sessions=sessions)
+    app.dependency_overrides[get_principal] = lambda: Principal(kind="service", name="bridge", token_id="t")
+    intake = WebhookIntake(sessions, FakeStarter(Started("deploy-flow")), "secret")
+    accepted = deliver(intake)
+    assert accepted.request is not None
+    intake.start("d-1", accepted.request)
+    with TestClient(app) as client:
+        body = {**a_run("ci-sub", "success", delivery="d-1"), "startedAt": "2026-11-25T10:00:00Z",
+                "finishedAt": "2026-11-25T10:05:00Z"}
+        assert client.post("/api/v2/ci/runs", json=body).status_code == 200  # the delivery's record
+        other = {**body, "flowRunId": "other", "sha": "f" * 40, "delivery": None}
+        assert client.post("/api/v2/ci/runs", json=other).status_code == 201
+        runs = client.get("/api/v2/ci/runs", params={"sha": PUSH_SHA, "result": "success", "limit": 1}).json()
+        assert [r["flowRunId"] for r in runs["runs"]] == ["ci-sub"]
+        assert client.get("/api/v2/ci/runs", params={"sha": "6113728"}).json()["runs"][0]["sha"] == PUSH_SHA
+        [record] = client.get("/api/v2/ci/records", params={"delivery": "d-1"}).json()["records"]
+        assert record["state"] == "passed" and record["deployment"] is None
+        assert record["delivery"]["flowRunId"] == "deploy-flow" and record["run"]["flowRunId"] == "ci-sub"
+        assert [r["sha"] for r in client.get("/api/v2/ci/records", params={"state": "passed"}).json()["records"]] \
+            == ["f" * 40, PUSH_SHA]
+        # a bad filter is refused naming it (the full app answers 400; this bare router FastAPI's 422)
+        bad = client.get("/api/v2/ci/records", params={"state": "nonsense"})
+        assert bad.status_code == 422 and "state" in bad.text
+        bad = client.get("/api/v2/ci/runs", params={"sha": "xyz"})
+        assert bad.status_code == 422 and "sha" in bad.text
