@@ -1,10 +1,10 @@
 """Chaos tests: the experiments in chaos/ against live embedded platforms on loopback.
 
-``start_platform`` starts one (Lab 6's two-VC cluster: VC default = hostname-carol, the probe VC;
-vc1 = hostname-dan, the load and fault VC) with nodes declared lost after
-:data:`NODE_LOST_AFTER_S` (30 s in production; short here so the node-freeze experiment does
-not wait half a minute). ``run_checked`` runs one experiment through the runner and checks the
-verdict and the journal it was drawn from.
+``start_platform`` starts one (by default Lab 6's two-VC cluster, where the experiments' defaults
+pick VC default = hostname-carol as the probe VC and vc1 = hostname-dan as the load and fault VC)
+with nodes declared lost after :data:`NODE_LOST_AFTER_S` (30 s in production; short here so the
+node-freeze experiment does not wait half a minute). ``run_checked`` runs one experiment through
+the runner and checks the verdict and the journal it was drawn from.
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ NODE_LOST_AFTER_S = 6
 TIMEOUT_S = 240
 
 
-def start_platform(home: Path, prefect: bool = False, env: dict[str, str] | None = None) -> Embedded:
-    p = Embedded(home=home, cluster=LAB6 / "hived-config-two-vcs.yaml", prefect=prefect, workdir=str(REPO_ROOT),
+def start_platform(home: Path, prefect: bool = False, env: dict[str, str] | None = None,
+                   cluster: Path = LAB6 / "hived-config-two-vcs.yaml") -> Embedded:
+    """A started, supervised platform on ``cluster`` (default Lab 6's two VCs) whose two nodes are ready."""
+    p = Embedded(home=home, cluster=cluster, prefect=prefect, workdir=str(REPO_ROOT),
                  env={"APIARY_NODE_LOST_AFTER_S": str(NODE_LOST_AFTER_S), **(env or {})})
     try:
         p.start()

@@ -124,7 +124,7 @@ def test_the_prefect_port_is_kept_per_home_and_moves_only_when_taken(tmp_path: P
     def first_start(**kw) -> int:
         p = embedded.Embedded(home=tmp_path / "home", prefect=True, **kw)
         (tmp_path / "home" / "run").mkdir(parents=True, exist_ok=True)
-        p._start_prefect_server({})  # noqa: SLF001 - the one step under test
+        p._start_prefect_server({})  # the one step under test
         return ports[-1]
 
     chosen = first_start()

@@ -141,8 +141,10 @@ def thaw_agent(configuration: Configuration = None) -> dict:
 
 # ------------------------------------------------------------------------------ GPU faults
 def _fault(t: Target, node: str, body: dict) -> dict:
+    """POST the fault ``body`` to ``node`` ("" or None: the target's fault node)."""
     import httpx
 
+    node = node or t.fault_node
     r = httpx.post(f"{t.api_url}/api/v2/nodes/{node}/faults", json=body, timeout=30.0,
                    headers={"Authorization": f"Bearer {t.token}"})
     if r.status_code != 200:
@@ -171,6 +173,7 @@ def inject_thermal(node: str, gpu: int = 0, celsius: float = 95.0, configuration
 def clear_gpu_faults(node: str, gpus: list[int] | None = None, configuration: Configuration = None) -> dict:
     """Reset the faults of the node's GPUs ``gpus`` (default: all of them), like a GPU reset."""
     t = Target.of(configuration)
+    node = node or t.fault_node
     if gpus is None:
         with closing(t.client()) as c:
             n = next((x for x in c.nodes() if x["name"] == node), None)
@@ -181,13 +184,19 @@ def clear_gpu_faults(node: str, gpus: list[int] | None = None, configuration: Co
 
 
 def cordon_node(node: str, configuration: Configuration = None) -> dict:
-    """Cordon ``node`` (no new placements), what the default alert actions do for broken GPUs."""
-    with closing(Target.of(configuration).client()) as c:
+    """Cordon ``node`` ("": the target's fault node; no new placements), what the default alert
+    actions do for broken GPUs."""
+    t = Target.of(configuration)
+    node = node or t.fault_node
+    with closing(t.client()) as c:
         return {"node": node, "cordoned": c.cordon(node, True)["cordoned"]}
 
 
 def uncordon_node(node: str, configuration: Configuration = None) -> dict:
-    with closing(Target.of(configuration).client()) as c:
+    """Uncordon ``node`` ("": the target's fault node)."""
+    t = Target.of(configuration)
+    node = node or t.fault_node
+    with closing(t.client()) as c:
         return {"node": node, "cordoned": c.cordon(node, False)["cordoned"]}
 
 
@@ -201,11 +210,12 @@ def _submit(t: Target, text: str, user: str | None) -> str:
 
 def submit_job(name: str = "chaos-load", seconds: float = 5, vc: str | None = None, user: str | None = None,
                priority: str = "prod", configuration: Configuration = None) -> dict:
-    """Submit a one-GPU job that sleeps ``seconds`` (``<name>-<hex>``, as ``user`` if given: created
-    with a one-hour token when missing), so a fault meets work in flight. The job counts for
+    """Submit a one-GPU job that sleeps ``seconds`` (``<name>-<hex>``, in VC ``vc``, default the
+    target's load VC; as ``user`` if given: created with a one-hour token when missing), so a fault
+    meets work in flight. The job counts for
     ``no_accepted_job_lost`` and ``no_task_ran_twice``; probe ``job_succeeds`` waits for it."""
     t = Target.of(configuration)
-    job_id = _submit(t, job_text(unique_name(name), vc or t.probe_vc, [f"sleep {seconds:g}"], priority=priority,
+    job_id = _submit(t, job_text(unique_name(name), vc or t.load_vc, [f"sleep {seconds:g}"], priority=priority,
                                  role="train"), user)
     return {"job": job_id}
 

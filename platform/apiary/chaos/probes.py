@@ -253,10 +253,11 @@ def job_failed_as(name: str, phrase: str, user: str | None = None, timeout_s: fl
 
 def gpu_metric(node: str, metric: str, gpu: int = 0, at_least: float | None = None,
                equals: float | None = None, timeout_s: float = 30.0, configuration: Configuration = None) -> float:
-    """The node agent's ``/metrics`` (dcgm-exporter names) shows ``metric{gpu="<gpu>"}`` ``>= at_least``
-    or ``== equals`` within ``timeout_s`` (the agent applies a fault on its next long poll). Returns
-    the value seen."""
+    """The ``/metrics`` (dcgm-exporter names) of ``node``'s agent ("": the target's fault node)
+    shows ``metric{gpu="<gpu>"}`` ``>= at_least`` or ``== equals`` within ``timeout_s`` (the agent
+    applies a fault on its next long poll). Returns the value seen."""
     t = Target.of(configuration)
+    node = node or t.fault_node
     with closing(t.client()) as c:
         url = next((n.get("metricsUrl") for n in c.nodes() if n["name"] == node), None)
     if not url:

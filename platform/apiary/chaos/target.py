@@ -1,17 +1,25 @@
 """The platform an experiment addresses, from its chaostoolkit configuration, and what the
 experiment's activities share within one ``chaos run`` (the jobs it got accepted, its state files).
 
-Configuration keys (each falls back to the environment, then to the platform home):
+Configuration keys (each falls back to the environment, then to the platform home or the
+cluster the API describes):
 
-==================== ===================== =====================================================
-key                  environment           meaning
-==================== ===================== =====================================================
-``apiary_url``       ``APIARY_API_URL``    the control plane (default: ``home/run/api_url``)
-``apiary_token``     ``APIARY_TOKEN``      an admin's token (default: the file ``home/token``)
-``apiary_home``      ``APIARY_HOME``       the platform home: run files, pids, the store's disk
-``apiary_probe_vc``  ``APIARY_CHAOS_VC``   virtual cluster of probe jobs (default ``default``)
-``apiary_probe_slo`` ``APIARY_CHAOS_SLO_S`` seconds a probe job may take, submit to SUCCEEDED (60)
-==================== ===================== =====================================================
+===================== ======================== ==================================================
+key                   environment              meaning
+===================== ======================== ==================================================
+``apiary_url``        ``APIARY_API_URL``       the control plane (default: ``home/run/api_url``)
+``apiary_token``      ``APIARY_TOKEN``         an admin's token (default: the file ``home/token``)
+``apiary_home``       ``APIARY_HOME``          the platform home: run files, pids, the store's disk
+``apiary_probe_vc``   ``APIARY_CHAOS_VC``      virtual cluster of probe jobs
+``apiary_probe_slo``  ``APIARY_CHAOS_SLO_S``   seconds a probe job may take, submit to SUCCEEDED (60)
+``apiary_load_vc``    ``APIARY_CHAOS_LOAD_VC`` virtual cluster of the jobs a method keeps in flight
+``apiary_fault_node`` ``APIARY_CHAOS_NODE``    the node that gets GPU faults and a cordon
+===================== ======================== ==================================================
+
+The last three default to names of the target cluster (:func:`pick_defaults`, read once per run
+through the API: ``GET /api/v2/cluster/status`` for the VCs in config order, ``GET
+/api/v2/nodes``, and the home's ``cluster.yaml`` for which nodes serve which VC), never to the
+names of one example cluster. An empty value (the experiments' default) means "the default".
 
 The token is never written to the journal: experiments declare it as ``{"type": "env", "key":
 "APIARY_TOKEN"}`` and chaostoolkit keeps only that declaration.
@@ -25,6 +33,7 @@ import os
 import secrets
 import threading
 from collections.abc import Mapping
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,25 +43,127 @@ import yaml
 from apiary.auth.bootstrap import read_token
 from apiary.client import ApiaryClient
 from apiary.errors import ValidationError
+from apiary.scheduler.cells import build_topology
+from apiary.spec.cluster import ClusterConfig, load_cluster_config
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_VC = "default"
 DEFAULT_SLO_S = 60.0
 #: The environment variable naming a file where the runner wants the accepted jobs written (one id a line).
 LEDGER_ENV = "APIARY_CHAOS_LEDGER"
 
 
 @dataclass(frozen=True)
+class ClusterDefaults:
+    """Names an experiment uses when its configuration gives none: ``probe_vc`` (probe jobs),
+    ``load_vc`` (the jobs a method keeps in flight) and ``fault_node`` (GPU faults, cordon)."""
+
+    probe_vc: str
+    load_vc: str
+    fault_node: str
+
+
+def pick_defaults(vcs: list[str], nodes: list[str], vc_nodes: Mapping[str, list[str]] | None = None) -> ClusterDefaults:
+    """The defaults for a cluster of virtual clusters ``vcs`` (config order) and ``nodes`` (the
+    API's order); ``vc_nodes``: VC -> the nodes its cells may be bound to (None: unknown, every node).
+
+    The probe VC is the first VC. The fault node is chosen so that cordoning it leaves the probe VC
+    a node to run probe jobs on: a node the probe VC cannot use, else the probe VC's last node when
+    it has two or more, else its only node (then the gpu-faults experiment's "probe job elsewhere"
+    cannot pass, and says so). The load VC is the first VC that can use the fault node, so faults
+    meet the load. On Lab 6's two-VC cluster this gives ``default``, ``vc1`` and ``hostname-dan``.
+    Raises ValidationError when the cluster has no VC or no node."""
+    if not vcs:
+        raise ValidationError("apiary_probe_vc", "the target cluster has no virtual cluster")
+    if not nodes:
+        raise ValidationError("apiary_fault_node", "the target cluster has no node")
+
+    def usable(vc: str) -> list[str]:
+        if vc_nodes is None:
+            return list(nodes)
+        return [n for n in nodes if n in set(vc_nodes.get(vc, ()))]
+
+    probe_vc = vcs[0]
+    probe_nodes = usable(probe_vc)
+    outside = [n for n in nodes if n not in probe_nodes]
+    if outside:
+        fault = outside[0]
+    elif probe_nodes:
+        fault = probe_nodes[-1]
+    else:
+        fault = nodes[0]
+    load_vc = next((vc for vc in vcs if fault in usable(vc)), probe_vc)
+    return ClusterDefaults(probe_vc=probe_vc, load_vc=load_vc, fault_node=fault)
+
+
+def nodes_by_vc(config: ClusterConfig) -> dict[str, list[str]]:
+    """VC -> the nodes of the chains its virtual cells and pinned cells are in (the nodes HiveD may
+    bind its cells to), in the config's node order."""
+    topo = build_topology(config)
+    chain_nodes: dict[str, list[str]] = {}
+    for name, cells in topo.nodes.items():
+        for cell in cells:
+            chain_nodes.setdefault(cell.chain, [])
+            if name not in chain_nodes[cell.chain]:
+                chain_nodes[cell.chain].append(name)
+    out: dict[str, list[str]] = {}
+    for vc, spec in config.virtual_clusters.items():
+        chains = [c.chain for c in spec.virtual_cells]
+        chains += [topo.pinned[p.pinned_cell_id].chain for p in spec.pinned_cells if p.pinned_cell_id in topo.pinned]
+        out[vc] = [n for chain in dict.fromkeys(chains) for n in chain_nodes.get(chain, [])]
+    return out
+
+
+#: api_url -> the defaults read once per process (one ``chaos run``): a later change of the
+#: cluster (an experiment attaching a node) does not move them in the middle of a run.
+_defaults: dict[str, ClusterDefaults] = {}
+
+
+@dataclass(frozen=True)
 class Target:
     """Where the platform is. ``home`` is None when neither configuration nor environment names one
-    (the actions that need pids or files then refuse, naming ``apiary_home``)."""
+    (the actions that need pids or files then refuse, naming ``apiary_home``). ``vc``, ``load``,
+    ``node``: the configured probe VC, load VC and fault node (None: the cluster's defaults, read
+    from the API when first needed: :attr:`probe_vc`, :attr:`load_vc`, :attr:`fault_node`)."""
 
     api_url: str
     token: str | None
     home: Path | None
-    probe_vc: str = DEFAULT_VC
+    vc: str | None = None
     probe_slo_s: float = DEFAULT_SLO_S
+    load: str | None = None
+    node: str | None = None
+
+    @property
+    def probe_vc(self) -> str:
+        return self.vc or self.defaults().probe_vc
+
+    @property
+    def load_vc(self) -> str:
+        return self.load or self.defaults().load_vc
+
+    @property
+    def fault_node(self) -> str:
+        return self.node or self.defaults().fault_node
+
+    def defaults(self) -> ClusterDefaults:
+        """The target cluster's defaults (:func:`pick_defaults`), read through the API on first use
+        in this process; which nodes serve which VC from ``home/cluster.yaml`` when the home is
+        known (without it every node counts for every VC)."""
+        with _lock:
+            known = _defaults.get(self.api_url)
+        if known is not None:
+            return known
+        with closing(self.client()) as c:
+            vcs = list(c.cluster_status()["virtualClusters"])
+            nodes = [n["name"] for n in c.nodes()]
+        config = self.home / "cluster.yaml" if self.home is not None else None
+        vc_nodes = nodes_by_vc(load_cluster_config(config)) if config is not None and config.exists() else None
+        picked = pick_defaults(vcs, nodes, vc_nodes)
+        logger.info("chaos defaults for %s: probe VC %s, load VC %s, fault node %s", self.api_url, picked.probe_vc,
+                    picked.load_vc, picked.fault_node)
+        with _lock:
+            return _defaults.setdefault(self.api_url, picked)
 
     @classmethod
     def of(cls, configuration: Mapping[str, Any] | None) -> Target:
@@ -77,8 +188,9 @@ class Target:
             token = read_token(home / "token")
         slo = pick("apiary_probe_slo", "APIARY_CHAOS_SLO_S")
         return cls(api_url=url.rstrip("/"), token=token, home=home,
-                   probe_vc=pick("apiary_probe_vc", "APIARY_CHAOS_VC") or DEFAULT_VC,
-                   probe_slo_s=float(slo) if slo else DEFAULT_SLO_S)
+                   vc=pick("apiary_probe_vc", "APIARY_CHAOS_VC"), probe_slo_s=float(slo) if slo else DEFAULT_SLO_S,
+                   load=pick("apiary_load_vc", "APIARY_CHAOS_LOAD_VC"),
+                   node=pick("apiary_fault_node", "APIARY_CHAOS_NODE"))
 
     def client(self, timeout: float = 30.0) -> ApiaryClient:
         return ApiaryClient(self.api_url, timeout=timeout, token=self.token)

@@ -314,21 +314,21 @@ def probe_nvml(nvml: Any = None) -> NvmlProbe:
 
             nvml = pynvml
         nvml.nvmlInit()
-    except Exception as exc:  # noqa: BLE001 - any failure means: no NVML here
+    except Exception as exc:  # any failure means: no NVML here
         return NvmlProbe(reason=f"{type(exc).__name__}: {exc}")
     try:
         count = int(nvml.nvmlDeviceGetCount())
         names = tuple(_text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count))
         try:
             driver = _text(nvml.nvmlSystemGetDriverVersion())
-        except Exception:  # noqa: BLE001 - the version is for the start line only
+        except Exception:  # the version is for the start line only
             driver = ""
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return NvmlProbe(reason=f"{type(exc).__name__}: {exc}")
     finally:
         try:
             nvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001, S110 - nothing to undo
+        except Exception:  # nothing to undo
             pass
     if not names:
         return NvmlProbe(driver=driver, reason="NVML answers but sees no GPU")
