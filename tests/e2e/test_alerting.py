@@ -4,11 +4,18 @@ An embedded platform with simulated GPUs is scraped by Prometheus every second; 
 fault injected into hostname-dan's GPU must, within 30 s: fire ApiaryGpuEccDoubleBitError in
 Prometheus, reach Apiary through Alertmanager's webhook, cordon the node (new jobs go elsewhere)
 and email the admin through a real SMTP server on loopback (aiosmtpd).
+
+One pipeline: the actions config (cordon, email the admin) and the incident's response rule
+(cordon, drain, notify owners) both ask for the cordon; it runs once, the admin is paged once,
+each action is recorded once in the alert-action log and in the incident's timeline, and the
+incident links no Apiary job that does not exist (the alert's `job` label is Prometheus' scrape
+job, `apiary-node`).
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import httpx
 import pytest
@@ -19,7 +26,7 @@ from tests.support.stack import require_monitoring
 from apiary.client import Tenants
 from apiary.embedded import REPO_ROOT, Embedded
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.prometheus]
 
 
 def test_ecc_fault_fires_alert_cordons_node_and_emails(tmp_path, smtp):
@@ -64,6 +71,24 @@ def test_ecc_fault_fires_alert_cordons_node_and_emails(tmp_path, smtp):
         j = until(lambda: task_running(c, job), 60, "the new job running")
         assert j["tasks"][0]["node"] == "hostname-carol"
         assert fault_to_cordon < 30
+
+        # Once: by now Alertmanager has had the time to resend (the job's run took its group_wait
+        # and more); the cordon ran and the admin was paged once, each recorded once.
+        ecc = [a for a in c._call("GET", "/api/v2/alerts").json()["actions"]
+               if a["alertname"] == "ApiaryGpuEccDoubleBitError"]
+        runs = Counter(a["action"] for a in ecc)
+        assert runs["cordon-node"] == 1 and runs["email-admin"] == 1, ecc
+        assert all(a["status"] == "ok" for a in ecc), ecc
+        admin_pages = [m for m in inbox.messages if "ops@example.test" in m.rcpt_tos]
+        assert len(admin_pages) == 1, [m.content[:300] for m in admin_pages]
+        (incident,) = c._call("GET", "/api/v2/incidents").json()["incidents"]
+        view = c._call("GET", f"/api/v2/incidents/{incident['id']}").json()
+        in_timeline = Counter(e["detail"]["action"] for e in view["timeline"] if e["event"] == "action")
+        assert in_timeline == runs, (in_timeline, runs)
+        assert "hostname-dan" in view["links"]["nodes"]
+        for linked in view["links"]["jobs"]:  # nothing ran on hostname-dan: no job, and no scrape job
+            assert c._call("GET", f"/api/v2/jobs/{linked}").status_code == 200, linked
+        assert "apiary-node" not in view["links"]["jobs"]
     finally:
         p.stop()
 

@@ -37,7 +37,7 @@ from tests.support.stack import require_monitoring
 from apiary.client import Tenants
 from apiary.embedded import REPO_ROOT, Embedded
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.prometheus]
 
 TIER1_DELAY_S = 20
 ON_TIME_S = 5.0
