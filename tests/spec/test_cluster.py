@@ -187,3 +187,15 @@ def test_a_sku_without_cpu_or_memory_does_not_account_them():
 
     assert leaf_cells_needed(TaskRequest("t", 1, 2, 64.0, 10**6), SkuType(gpu=1)) == 2
     assert leaf_cells_needed(TaskRequest("t", 1, 1, 8.0, 1024), SkuType(gpu=1, cpu=2)) == 4
+
+
+@pytest.mark.parametrize(("old", "new", "field", "meant"), [
+    pytest.param("cpu: 2,", "cpus: 2,", "physicalCluster.skuTypes.GPU.cpus", "cpu", id="sku"),
+    pytest.param("{cellAddress: n1}", "{celAddress: n1}", "physicalCluster.physicalCells[0].cellChildren[1].celAddress",
+                 "cellAddress", id="a-cell-in-a-list-of-a-recursive-model"),
+])
+def test_a_typo_d_field_offers_the_close_field_names(old: str, new: str, field: str, meant: str) -> None:
+    assert old in BASE
+    with pytest.raises(ValidationError) as e:
+        load_cluster_config(BASE.replace(old, new, 1))
+    assert e.value.field == field and e.value.message.endswith(f"did you mean {meant!r}?"), e.value.message

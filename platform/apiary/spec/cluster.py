@@ -47,6 +47,7 @@ from pydantic.alias_generators import to_camel
 
 from apiary.errors import ValidationError
 from apiary.spec import safeyaml
+from apiary.spec.suggest import did_you_mean, field_names_at
 
 __all__ = [
     "CellType",
@@ -263,7 +264,10 @@ class ClusterConfig(_Model):
             cfg = cls.model_validate(data)
         except PydanticValidationError as e:
             err = e.errors()[0]
-            raise ValidationError(loc_path(err["loc"]), err["msg"]) from None
+            message, loc = err["msg"], tuple(err["loc"])
+            if err["type"] == "extra_forbidden" and loc and isinstance(loc[-1], str):
+                message += did_you_mean(loc[-1], field_names_at(cls, loc[:-1]))
+            raise ValidationError(loc_path(err["loc"]), message) from None
         _check_semantics(cfg)
         return cfg
 
