@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -51,7 +50,15 @@ from apiary.ci.starter import PrefectStarter
 from apiary.control import ControlPlane
 from apiary.control.health import HealthCheck
 from apiary.drills.board import DrillBoard
-from apiary.errors import ApiaryError, NotFoundError, PlatformError, UnauthorizedError, UserError, ValidationError
+from apiary.errors import (
+    ApiaryError,
+    ForbiddenError,
+    NotFoundError,
+    PlatformError,
+    UnauthorizedError,
+    UserError,
+    ValidationError,
+)
 from apiary.monitoring.ci_metrics import CiCollector
 from apiary.monitoring.incident_metrics import IncidentCollector
 from apiary.monitoring.platform_metrics import PlatformCollector
@@ -69,7 +76,7 @@ logger = logging.getLogger(__name__)
 def create_app(
     plane: ControlPlane, receiver: AlertReceiver | None = None, *, cluster_id: str | None = None,
     directory: Directory | None = None, settings: Settings | None = None, drills: DrillBoard | None = None,
-    ci: WebhookIntake | None = None, incidents: IncidentService | None = None,
+    ci: WebhookIntake | None = None, incidents: IncidentService | None = None, link_secret: str | None = None,
 ) -> FastAPI:
     """The app over ``plane``; ``receiver`` handles Alertmanager's webhook (default: the
     packaged actions config, or ``APIARY_ALERT_ACTIONS``); ``cluster_id`` is the platform's identity
@@ -78,7 +85,10 @@ def create_app(
     whether ``/metrics`` is public (default: the environment's); ``drills`` records the drills'
     results (default: in memory only; ``apiary up`` keeps them in ``home/drills.json``); ``ci`` is the
     GitHub webhook intake (default: over the plane's store, starting Prefect deployments, with
-    ``APIARY_GITHUB_WEBHOOK_SECRET``)."""
+    ``APIARY_GITHUB_WEBHOOK_SECRET``); ``incidents`` is incident response (default: a service over
+    the plane's store with no escalation worker, whose signed links use ``link_secret``; without one
+    its link routes answer 403). The control-plane process passes every piece
+    (:func:`apiary.wiring.app_of`); the defaults serve in-process apps (tests, tools)."""
     settings = settings or Settings()
     if receiver is None:
         receiver = AlertReceiver(plane, ActionsConfig.load(settings.alert_actions))
@@ -103,7 +113,7 @@ def create_app(
         plane.sessions, PrefectStarter(settings.ci_pr_deployment, settings.ci_deploy_deployment),
         settings.github_webhook_secret.get_secret_value() if settings.github_webhook_secret else None)
     if incidents is None:  # no escalation worker: incidents are recorded and mitigated, nobody is paged
-        incidents = default_incidents(plane, settings)
+        incidents = default_incidents(plane, settings, link_secret)
     app.state.incidents = incidents
     receiver.use_incidents(incidents)  # one alert pipeline: the intake's groups open incidents
     if incidents.drill_results is None:  # a diagnosis attaches the node's drill results
@@ -208,13 +218,27 @@ def create_app(
     return app
 
 
-def default_incidents(plane: ControlPlane, settings: Settings) -> IncidentService:
-    """An incident service over ``plane``'s store with ``settings``' on-call file, signing links
-    with a secret of its own (``apiary.control.server`` passes the real one, with its worker)."""
+def default_incidents(plane: ControlPlane, settings: Settings, link_secret: str | None = None) -> IncidentService:
+    """An incident service over ``plane``'s store with ``settings``' on-call file and no escalation
+    worker. Its links are signed with ``link_secret``; without one no link is made or accepted
+    (:class:`NoLinkSecret`): a secret is never invented, so no link outlives the process that
+    signed it or differs from the control plane's (:func:`apiary.wiring.wire` keeps the real one
+    in ``home/credentials/incident-links.key``)."""
     service = IncidentService(IncidentStore(plane.sessions), ResponseConfig.load(settings.oncall), plane=plane,
                               prometheus_url=settings.prometheus_url)
-    service.signer = LinkSigner(secrets.token_urlsafe(32), settings.public_url or "http://127.0.0.1:8470")
+    public_url = settings.public_url or "http://127.0.0.1:8470"
+    service.signer = NoLinkSecret() if link_secret is None else LinkSigner(link_secret, public_url)
     return service
+
+
+class NoLinkSecret:
+    """The signer of an app built without a link secret: makes no link and refuses every link (403)."""
+
+    def url(self, incident_id: str, action: str, recipient: str) -> str:
+        raise RuntimeError("this app has no incident link secret: pass link_secret or incidents to create_app")
+
+    def verify(self, incident_id: str, action: str, token: str) -> str:
+        raise ForbiddenError("Signed incident links are not enabled on this server (no link secret).")
 
 
 def _field_path(loc: tuple[int | str, ...]) -> str:

@@ -160,7 +160,7 @@ class ClusterService:
                 preemptions[vc] = n
             nodes = [{"node": n.name, "healthy": bool(n.healthy), "cordoned": bool(n.cordoned)}
                      for n in s.scalars(select(Node))]
-        status = self.cache.cluster_status()
+        status = self.cluster_status()
         vc_cells = {
             vc: {"used": v.get("used", 0), "free": v.get("free", 0), "opportunistic": v.get("opportunisticUsed", 0),
                  "bad": v.get("badCells", 0)}
