@@ -356,3 +356,15 @@ def test_a_first_deployment_has_no_previous_images():
     p = FakePlatform(images={})
     result = rollout(p, NEW, sha="1", actor="ci", clock=ticking())
     assert result.result == "succeeded" and result.to_record()["previousImages"] is None
+
+
+def test_the_decision_table_imports_neither_the_store_nor_the_control_plane() -> None:
+    """ci.rollout is a pure decision table: it took its time formatter from the control plane,
+    which pulled SQLAlchemy and the store into every importer."""
+    import subprocess
+    import sys
+
+    code = ("import sys, apiary.ci.rollout; "
+            "print(sorted(m for m in sys.modules if m == 'sqlalchemy' or m.startswith('apiary.control')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout
