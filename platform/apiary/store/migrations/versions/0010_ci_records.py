@@ -115,27 +115,29 @@ def _merged(conn: sa.Connection) -> list[dict[str, Any]]:
         if d["flow_run_id"]:
             by_started.setdefault(d["flow_run_id"], rec)
     for r in conn.execute(sa.select(_RUNS).order_by(_RUNS.c.id)).mappings():
-        rec = by_started.get(r["flow_run_id"])
-        if rec is None or rec.get("flow_run_id") is not None:
-            rec = {"kind": r["kind"], "repo": r["repo"], "pr_number": r["pr_number"], "sha": r["sha"],
-                   "ref": r["ref"], "delivery_reason": ""}
-            records.append(rec)
-        rec.update(state=RUN_STATES.get(r["result"], "running"), flow_run_id=r["flow_run_id"], result=r["result"],
-                   failed_stage=r["failed_stage"], reason=r["reason"], started_at=r["started_at"],
-                   finished_at=r["finished_at"], duration_s=r["duration_s"], stages=r["stages"] or [],
-                   target_url=r["target_url"])
-        by_run[r["flow_run_id"]] = rec
+        run_rec = by_started.get(r["flow_run_id"])
+        if run_rec is None or run_rec.get("flow_run_id") is not None:
+            run_rec = {"kind": r["kind"], "repo": r["repo"], "pr_number": r["pr_number"], "sha": r["sha"],
+                       "ref": r["ref"], "delivery_reason": ""}
+            records.append(run_rec)
+        run_rec.update(
+            state=RUN_STATES.get(r["result"], "running"), flow_run_id=r["flow_run_id"], result=r["result"],
+            failed_stage=r["failed_stage"], reason=r["reason"], started_at=r["started_at"],
+            finished_at=r["finished_at"], duration_s=r["duration_s"], stages=r["stages"] or [],
+            target_url=r["target_url"])
+        by_run[r["flow_run_id"]] = run_rec
     for d in conn.execute(sa.select(_DEPLOYS).order_by(_DEPLOYS.c.id)).mappings():
         key = d["flow_run_id"]
-        rec = (by_started.get(key) or by_run.get(key)) if key else None
-        if rec is None or rec.get("deploy_result") is not None:
-            rec = {"kind": "deploy", "sha": d["sha"], "delivery_reason": "", "stages": []}
-            records.append(rec)
-        rec.update(state=DEPLOY_STATES.get(d["result"], "deploy_failed"), deploy_flow_run_id=key, images=d["images"],
-                   previous_images=d["previous_images"], actor=d["actor"], trigger=d["trigger"],
-                   deploy_started_at=d["started_at"], deploy_finished_at=d["finished_at"],
-                   deploy_duration_s=d["duration_s"], deploy_result=d["result"], deploy_reason=d["reason"],
-                   steps=d["steps"] or [])
+        deploy_rec = (by_started.get(key) or by_run.get(key)) if key else None
+        if deploy_rec is None or deploy_rec.get("deploy_result") is not None:
+            deploy_rec = {"kind": "deploy", "sha": d["sha"], "delivery_reason": "", "stages": []}
+            records.append(deploy_rec)
+        deploy_rec.update(
+            state=DEPLOY_STATES.get(d["result"], "deploy_failed"), deploy_flow_run_id=key, images=d["images"],
+            previous_images=d["previous_images"], actor=d["actor"], trigger=d["trigger"],
+            deploy_started_at=d["started_at"], deploy_finished_at=d["finished_at"],
+            deploy_duration_s=d["duration_s"], deploy_result=d["result"], deploy_reason=d["reason"],
+            steps=d["steps"] or [])
     return records
 
 
