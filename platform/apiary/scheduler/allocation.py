@@ -14,11 +14,12 @@ Rules and their sources:
   safety invariant of :class:`~apiary.scheduler.cells.Chain` is checked on every binding; a binding
   that would break it is refused.
 * The physical cell to bind (:meth:`CellAllocation._cell_key`): one holding a healthy cell of the
-  wanted level first (HiveD prefers healthy cells), then the lowest free level (buddy: keep big cells
-  whole), then one no opportunistic group uses, then the fewest leaf cells in use (HiveD
-  ``getFewestOpporPhysicalCell``), beside the previous binding, then the most recently started
-  occupants, then config order.  HiveD takes the first of its free list among equals; Apiary takes
-  config order (the free list's order depends on the history of splits and merges).
+  wanted level first (HiveD ``getUsablePhysicalCells`` skips bad nodes), then the lowest free level
+  (``getLowestFreeCellLevel``: buddy, keep big cells whole), then one no opportunistic group uses,
+  then the fewest leaf cells in use (HiveD: fewer opportunistic pods first, to reduce preemption),
+  beside the previous binding, then the most recently started occupants, then config order.  HiveD
+  takes the first of its free list among equals; Apiary takes config order (the free list's order
+  depends on the history of splits and merges, which HiveD's tests pod8 and pod24 reach).
 
 Units: leaf cells.  Errors: PlatformError for an allocation the state cannot take.
 """
