@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from apiary.errors import NotFoundError
-from apiary.tracking.events import JobEvent, Submitted, read_event
+from apiary.tracking.events import EventType, JobEvent, Submitted, read_event
 from apiary.tracking.flowruns import (
     EVENT_TASK_RUN_EXCLUDE,
     FLOW_NAME,
@@ -310,7 +310,7 @@ class PrefectBridge:
             return None if info.get(key) is None else str(info[key])
 
         body = Submitted(text("user"), text("name"), text("virtualCluster"), text("priorityClass"), text("flowRunId"))
-        self.recorder.apply(out, job, JobEvent(0, ev.time, job_id, "job.submitted", body))
+        self.recorder.apply(out, job, JobEvent(0, ev.time, job_id, EventType.SUBMITTED, body))
 
     async def _flush_leftovers(self, writer: FlowRunWriter) -> None:
         """States a failed write left wanted, and the new output of running instances."""
