@@ -249,14 +249,22 @@ class Embedded:
 
     def start(self) -> None:
         """Start every child and wait until the API answers. Raises ValidationError for a bad
-        cluster config and PortInUseError for a taken ``api_port`` (both before anything starts or
-        is written), and PlatformError/UnavailableError if a child cannot start or the API that
-        answers is not this home's (its ``clusterId``, :func:`~apiary.settings.ensure_cluster_id`).
+        cluster config (before anything is written), HomeInUseError when a live platform holds the
+        home's lock, PortInUseError for a taken ``api_port`` or ``prefect_port`` (these two before
+        anything starts or is written but the lock file), and PlatformError/UnavailableError if a
+        child cannot start or the API that answers is not this home's (its ``clusterId``,
+        :func:`~apiary.settings.ensure_cluster_id`). The lock is held until :meth:`stop` (released
+        at once when the start fails before any child started).
 
         The home is made 0700 and what this process writes in it 0600 (umask 077 while it starts,
         the caller's umask again after)."""
         with private_umask():
-            self._start()
+            try:
+                self._start()
+            except BaseException:
+                if not self.children:  # refused before any child: the home is free again at once
+                    self._unlock_home()
+                raise
 
     def _start(self) -> None:
         target = self.home / "cluster.yaml"

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from apiary import embedded
 from apiary.cli import main as cli
+from apiary.errors import PortInUseError
 from apiary.monitoring.gpu import NvmlProbe
 from apiary.tracking.prefect_server import free_port
 
@@ -136,3 +137,17 @@ def test_the_prefect_port_is_kept_per_home_and_moves_only_when_taken(tmp_path: P
         assert moved != chosen
     assert first_start() == moved  # the new one is remembered
     assert first_start(prefect_port=free_port()) == (asked := ports[-1]) and first_start() == asked
+
+
+def test_a_refused_start_frees_the_home_at_once(started: list[str], tmp_path: Path) -> None:
+    """A start refused before any child (here a taken port) leaves the home's lock free, so the
+    next start in the same process is not told the home is in use."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        first = embedded.Embedded(home=tmp_path / "home", cluster=TWO_VCS, prefect=False, api_port=taken)
+        with pytest.raises(PortInUseError):
+            first.start()
+    with (tmp_path / "home" / "run" / "lock").open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # would raise BlockingIOError if still held
