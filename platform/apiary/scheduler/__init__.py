@@ -5,9 +5,14 @@ schedule, allocate, release, cancel, set_node_health, nodes, group_of, groups, s
 reconfigure(config)) plus ``check_invariants()`` and ``downgraded()``.  Virtual cells bind lazily
 to physical cells by buddy allocation under HiveD's VC-safety invariant.  See ``STATE-MACHINE.md``
 for the cell and group states.  :func:`leaf_cells_needed` is the one rule sizing a task in leaf
-cells, shared with the simulator's baselines.
+cells, shared with the simulator's baselines.  :func:`unknown_vc_message` is the one wording of an
+unknown VC error (the valid names and the closest one).
+
+Modules, along HiveD's files: ``hived`` (entry points), ``intra_vc``, ``placement`` (topology-aware),
+``allocation`` (cells, buddy binding), ``preemption``, ``inspection`` (status, invariants).
 """
 
+from apiary.scheduler.allocation import unknown_vc_message
 from apiary.scheduler.cells import CellState
 from apiary.scheduler.hived import HivedScheduler
 from apiary.scheduler.sizing import leaf_cells_needed
@@ -36,4 +41,5 @@ __all__ = [
     "TaskRequest",
     "leaf_cells_needed",
     "priority_label",
+    "unknown_vc_message",
 ]

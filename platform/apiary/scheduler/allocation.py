@@ -71,6 +71,8 @@ def unknown_vc_message(vc: str, valid: Sequence[str]) -> str:
 
 @dataclass
 class Group:
+    """A group holding leaf cells: its request, placements and leaves per (task role, index)."""
+
     request: GroupRequest
     placements: dict[Instance, TaskPlacement] = field(default_factory=dict)
     leaves: dict[Instance, list[Cell]] = field(default_factory=dict)
@@ -80,6 +82,10 @@ class Group:
 
 @dataclass
 class Reservation:
+    """The cells a preempting group holds (HiveD "Preempting"): its priority, the instances and
+    placements it waits for, the reserved leaves, the reason shown while it waits, its VC and the
+    victims lazy preemption downgraded."""
+
     priority: int
     pending: tuple[Instance, ...]
     placements: tuple[TaskPlacement, ...]
@@ -90,11 +96,13 @@ class Reservation:
 
 
 def self_label(priority: int) -> str:
+    """A priority as a waiting reason names the waiting job's own: ``"prod, 100"``, ``"priority 7"``."""
     lab = priority_label(priority)
     return lab if lab.startswith("priority") or priority < 0 else f"{lab}, {priority}"
 
 
 def who(g: Group) -> str:
+    """A group as a reason names it: ``"job-1 (prod, priority 100)"``, ``"job-2 (opportunistic)"``."""
     if g.priority < 0:
         return f"{g.request.name} (opportunistic)"
     lab = priority_label(g.priority)
