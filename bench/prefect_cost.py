@@ -90,7 +90,7 @@ async def mirror(api: str, strategy: str, jobs: int, concurrency: int, chunk: in
     from prefect.client.schemas.objects import TaskRun
     from prefect.states import Completed, Pending, Running, State, StateType, to_state_create
 
-    from apiary.tracking.bridge import _EVENT_TASK_RUN_EXCLUDE
+    from apiary.tracking.flowruns import EVENT_TASK_RUN_EXCLUDE
 
     async with PrefectClient(api=api) as client:
         flow_id = await client.create_flow_from_name("apiary-job")
@@ -179,7 +179,7 @@ async def mirror(api: str, strategy: str, jobs: int, concurrency: int, chunk: in
                     "intended": {"from": None, "to": stype},
                     "initial_state": None,
                     "validated_state": {"type": stype, "name": name, "message": msg, "state_details": {}, "data": None},
-                    "task_run": tr.model_dump(mode="json", exclude_none=True, exclude=_EVENT_TASK_RUN_EXCLUDE),
+                    "task_run": tr.model_dump(mode="json", exclude_none=True, exclude=EVENT_TASK_RUN_EXCLUDE),
                 },
             }
 

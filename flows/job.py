@@ -40,9 +40,9 @@ def _name_from_params() -> str:
         return str(p["job_id"])
     if p.get("name"):
         return f"{p.get('user')}~{p['name']}"
-    from apiary.tracking.portal import _yaml_name
+    from apiary.tracking.portal import yaml_name
 
-    return f"{p.get('user')}~{_yaml_name(p.get('job_yaml') or '') or 'job'}"
+    return f"{p.get('user')}~{yaml_name(p.get('job_yaml') or '') or 'job'}"
 
 
 @flow(name="apiary-job", flow_run_name=_name_from_params, persist_result=False)

@@ -66,7 +66,6 @@ from typing import Any
 from apiary.errors import NotFoundError
 from apiary.tracking.events import EventType, JobEvent, Submitted, read_event
 from apiary.tracking.flowruns import (
-    EVENT_TASK_RUN_EXCLUDE,
     FLOW_NAME,
     JOB_DEPLOYMENT,
     FlowRunWriter,
@@ -83,9 +82,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["FLOW_NAME", "JOB_DEPLOYMENT", "PrefectBridge", "run_bridge", "task_run_id"]
 
 _MAX_BATCH_LINES = 500
-#: Kept for bench/prefect_cost.py, which still imports it by this name; the public one is
-#: :data:`apiary.tracking.flowruns.EVENT_TASK_RUN_EXCLUDE`.
-_EVENT_TASK_RUN_EXCLUDE = EVENT_TASK_RUN_EXCLUDE
 _MAX_BATCH_BYTES = 1_000_000
 
 

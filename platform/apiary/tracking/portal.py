@@ -212,9 +212,6 @@ def yaml_name(text: Any) -> str | None:
     return doc.get("name") if isinstance(doc, dict) else None
 
 
-#: The old name of :func:`yaml_name`, still imported by flows/job.py.
-_yaml_name = yaml_name
-
 
 #: Titles the run form shows for the ``submit`` flow's own fields (Prefect titles them by the
 #: parameter's Python name otherwise).
