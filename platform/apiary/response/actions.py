@@ -69,6 +69,25 @@ class ActionLog(Protocol):
                             detail: str) -> None: ...
 
 
+class Platform(Protocol):
+    """What the actions call on the control plane (:class:`~apiary.control.ControlPlane`'s public
+    methods); raises ApiaryError subclasses (NotFoundError for an unknown node or job, ...)."""
+
+    def cordon(self, node: str, cordoned: bool = True) -> dict: ...
+
+    def drain(self, node: str, reason: str | None = None) -> list[str]: ...
+
+    def jobs_on_node(self, node: str) -> list[str]: ...
+
+    def stop(self, job_id: str) -> dict: ...
+
+    def tag_job(self, job_id: str, tag: str) -> dict: ...
+
+    def untag_job(self, job_id: str, tag: str) -> dict: ...
+
+    def get_job(self, job_id: str) -> dict: ...
+
+
 @dataclass(frozen=True)
 class ActionRun:
     """One run's outcome: ``result`` ``ok`` / ``failed`` / ``skipped``; ``links``: what it touched."""
@@ -151,12 +170,13 @@ class Outbox:
 
 
 class ActionPipeline:
-    """Runs the :data:`ACTIONS` on ``plane`` (its public cordon, drain, stop, tag) and tells people
+    """Runs the :data:`ACTIONS` on ``plane`` (its public cordon, drain, stop, tag; None: every
+    action is recorded as skipped) and tells people
     through ``outbox``. ``admin_email``: where ``email-admin`` goes. ``log``: the alert-action log
     that makes an alert's action run once (None: no deduplication). ``clock``: unix seconds."""
 
-    def __init__(self, plane: Any, outbox: Outbox, *, admin_email: str | None = None, log: ActionLog | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, plane: Platform | None, outbox: Outbox, *, admin_email: str | None = None,
+                 log: ActionLog | None = None, clock: Callable[[], float] = time.time) -> None:
         self.plane, self.outbox, self.admin_email, self.log, self.clock = plane, outbox, admin_email, log, clock
 
     @staticmethod
@@ -218,7 +238,7 @@ class ActionPipeline:
             plane.cordon(target, name == "cordon-node")
             return "ok", f"node {target} {'cordoned' if name == 'cordon-node' else 'uncordoned'}", Links()
         if name == "drain-node":
-            return self._drain(target, incident)
+            return self._drain(plane, target, incident)
         if name == "stop-job":
             plane.stop(target)
             return "ok", f"job {target} stop requested", Links(jobs=(target,), users=(target.split("~", 1)[0],))
@@ -251,8 +271,7 @@ class ActionPipeline:
             return "ok", self.outbox.tell_address(self.admin_email, msg), Links()
         return "ok", self.outbox.post(msg), Links()
 
-    def _drain(self, node: str, incident: Incident | None) -> tuple[str, str, Links]:
-        plane = self.plane
+    def _drain(self, plane: Platform, node: str, incident: Incident | None) -> tuple[str, str, Links]:
         before = {j: plane.get_job(j) for j in plane.jobs_on_node(node)}
         why = f"Node {node} was drained by " + (f"incident {incident.id}." if incident else "an alert.")
         moved = plane.drain(node, why)

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from apiary.errors import NoIncidentError
 from apiary.incidents import Incident, IncidentState, Links, TimelineEntry
 from apiary.store.models import ActionItem, Escalation, IncidentEntry, IncidentRow, Notification
-from apiary.store.unit import Sessions, UnitOfWork, reading
+from apiary.store.unit import Sessions, UnitOfWork, reading, store_errors
 from apiary.timefmt import iso
 
 #: Longest title and actor stored (the columns' sizes).
@@ -67,6 +67,14 @@ class IncidentStore:
         self.sessions = sessions
         self.lock = threading.RLock()
 
+    @contextmanager
+    def _unit(self, what: str) -> Iterator[UnitOfWork]:
+        """The lock, then one unit of work; the store's failures (its reads included) raised as
+        ConflictError (409) / UnavailableError (503) naming ``what``."""
+        what = f"incident store: {what}"
+        with self.lock, store_errors(what), UnitOfWork(self.sessions, what) as uow:
+            yield uow
+
     # ------------------------------------------------------------------ incidents
     def _load(self, s: Session, row: IncidentRow, entries: list[IncidentEntry] | None = None) -> Incident:
         if entries is None:
@@ -95,7 +103,7 @@ class IncidentStore:
 
     def create(self, build: Callable[[str], Incident], policy: str | None) -> Incident:
         """Insert the incident ``build(id)`` returns (the id is the new row's); returns it."""
-        with self.lock, UnitOfWork(self.sessions, "incident store: create") as uow:
+        with self._unit("create") as uow:
             s = uow.s
             row = IncidentRow(title="", severity="sev4", dedup_key="", state="triggered", opened_at=0.0,
                               updated_at=0.0, policy=policy, links={}, fingerprints=[])
@@ -110,7 +118,7 @@ class IncidentStore:
         """Read-modify-write: yields ``[incident]``; put the changed incident back in the list (the
         machine's :func:`~apiary.incidents.apply` result). Its new entries and state are committed
         when the block ends without an exception; old entries are never rewritten."""
-        with self.lock, UnitOfWork(self.sessions, "incident store: change") as uow:
+        with self._unit("change") as uow:
             s = uow.s
             row = s.get(IncidentRow, _id(incident_id))
             if row is None:
@@ -139,7 +147,7 @@ class IncidentStore:
 
     def set_fields(self, incident_id: str | int, **fields: Any) -> None:
         """Set ``verdict``, ``postmortem`` or ``policy`` of the incident's row."""
-        with self.lock, UnitOfWork(self.sessions, "incident store: set fields") as uow:
+        with self._unit("set fields") as uow:
             s = uow.s
             row = s.get(IncidentRow, _id(incident_id))
             if row is None:
@@ -188,7 +196,7 @@ class IncidentStore:
     def set_escalation(self, incident_id: str | int, *, policy: str, started_at: float,
                        acknowledged_at: float | None, next_at: float | None) -> None:
         """Create or replace the incident's escalation (a reopen or retrigger starts a new plan)."""
-        with self.lock, UnitOfWork(self.sessions, "incident store: set escalation") as uow:
+        with self._unit("set escalation") as uow:
             s = uow.s
             row = s.get(Escalation, _id(incident_id))
             if row is None:
@@ -219,7 +227,7 @@ class IncidentStore:
     def advance(self, incident_id: str | int, sent_at: float, next_at: float | None) -> None:
         """Record a page sent for the deadline ``sent_at`` and store the next one (None: done).
         Only if the stored deadline is still ``sent_at`` (an acknowledgement in between wins)."""
-        with self.lock, UnitOfWork(self.sessions, "incident store: advance") as uow:
+        with self._unit("advance") as uow:
             s = uow.s
             row = s.get(Escalation, _id(incident_id))
             if row is None or row.next_at is None or abs(row.next_at - sent_at) > 1e-6:
@@ -230,7 +238,7 @@ class IncidentStore:
     # ------------------------------------------------------------------ notifications
     def record_notification(self, incident_id: str | int, *, at: float, channel: str, recipient: str,
                             attempt: int, ok: bool, detail: str) -> None:
-        with UnitOfWork(self.sessions, "incident store: record notification") as uow:
+        with self._unit("record notification") as uow:
             s = uow.s
             s.add(Notification(incident_id=_id(incident_id), at=at, channel=channel[:32], recipient=recipient[:200],
                                attempt=attempt, ok=ok, detail=detail[:4000]))
@@ -252,7 +260,7 @@ class IncidentStore:
     # ------------------------------------------------------------------ action items
     def set_action_items(self, incident_id: str | int, items: Iterable[dict[str, Any]]) -> None:
         """Replace the incident's action items with ``items`` (``{"key", "text", "owner", "status"}``)."""
-        with self.lock, UnitOfWork(self.sessions, "incident store: set action items") as uow:
+        with self._unit("set action items") as uow:
             s = uow.s
             for old in s.scalars(select(ActionItem).where(ActionItem.incident_id == _id(incident_id))).all():
                 s.delete(old)
