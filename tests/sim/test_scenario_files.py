@@ -40,3 +40,13 @@ def test_victim_choice_scenario_stops_the_cheaper_opportunistic_job() -> None:
     assert jobs["bob~b-oppo-3gpu"]["preemptions"] == 0
     needy = jobs["alice~a-test-3gpu"]
     assert needy["started"] == 4 and nodes(needy, 0) == nodes(jobs["alice~a-oppo-2gpu"], 0)
+
+
+def test_opportunistic_job_once_every_node_is_bound_leaves_the_owning_vc_room() -> None:
+    jobs = scenario("opportunistic-once-bound.yaml")
+    oppo, needy = jobs["bob~b-oppo-1gpu"], jobs["alice~a-prod-1gpu"]
+    assert nodes(oppo, 0) == nodes(jobs["bob~b-prod-1gpu"], 0)  # beside 1 guaranteed GPU, not 3
+    assert needy["started"] == 5 and needy["preemptions"] == 0  # at once
+    assert nodes(needy, 0) == nodes(jobs["alice~a-prod-3gpu"], 0)
+    assert all(j["preemptions"] == 0 for j in jobs.values())
+    assert all(j["state"] == "SUCCEEDED" for j in jobs.values())
