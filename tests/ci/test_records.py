@@ -98,7 +98,7 @@ def test_a_start_recorded_after_the_pipeline_reported_does_not_move_the_state_ba
     assert record["state"] == "failed" and record["delivery"]["flowRunId"] == "pr-flow"
 
 
-def test_pending_and_failed_starts_keep_their_delivery_states(sessions: Sessions) -> None:
+def test_a_pending_start_keeps_its_reason_and_its_delivery_state(sessions: Sessions) -> None:
     records = CiRecords(sessions)
     pending = WebhookIntake(sessions, FakeStarter(Pending("no deployment yet")), "secret")
     accepted = deliver(pending, delivery="d-p")
