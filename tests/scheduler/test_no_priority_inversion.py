@@ -1,6 +1,6 @@
 """No priority inversion, on seeded random streams over small multi-VC clusters.
 
-The invariant (issue "scheduler parity with HiveD"): a guaranteed job never waits while a strictly
+The invariant: a guaranteed job never waits while a strictly
 lower-priority job of its own VC, or an opportunistic job, holds cells whose release would let it run.
 HiveD gets there by preempting. Every time ``schedule`` answers ``wait`` for a guaranteed group, the
 test copies the scheduler, releases every strictly lower-priority group of that VC and every

@@ -1,5 +1,5 @@
 """The scenario files under ``tests/sim/scenarios/`` through ``apiary sim scenario`` (the CLI), each
-with the decision HiveD makes (issue "scheduler parity with HiveD", sections 1 and 2)."""
+with the decision HiveD makes."""
 
 from __future__ import annotations
 
