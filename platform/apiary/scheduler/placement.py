@@ -8,8 +8,10 @@ Rules and their sources:
 * Guaranteed groups (:func:`fit_items`): the whole group on one node when one has room (best fit: the
   segment with the fewest free leaves that holds it), else under the lowest common ancestor cell that
   holds it (fullest first), else across the top-level cells of one chain; a task never spans nodes.
-  Ties between segments with the same free count go to the one that has had that count longest (the
-  :class:`~apiary.scheduler.cells.BucketIndex` insertion order; config order on a fresh cluster).
+  Ties between segments with the same free count: for the whole group on one node, the one that has
+  had that count longest (:class:`~apiary.scheduler.cells.BucketIndex` insertion order; config order
+  on a fresh cluster); across nodes, the order the segments were created (config order for the
+  unbound and cluster-wide pools, the order of first binding for a VC's pool).
   HiveD orders the VC's node-level cells by leaf cells in use, most first, and takes the first in its
   cell list among equals; for nodes of one size "fewest free" and "most used" are the same order.
 * Opportunistic groups (:func:`opportunistic_fit`): HiveD's cluster view for opportunistic pods
