@@ -170,10 +170,16 @@ class ApiaryClient:
         return self._call("POST", "/api/v2/ci/runs", json=run).json()
 
     def ci_runs(self, limit: int = 50, **filters: str | None) -> builtins.list[dict]:
-        """The newest pipeline runs, newest first; ``filters``: ``repo``, ``result``, ``kind`` (None or
-        empty: any)."""
+        """The newest pipeline runs, newest first; ``filters``: ``repo``, ``result``, ``kind``, ``sha``
+        (a prefix) (None or empty: any)."""
         params = {"limit": limit, **{k: v for k, v in filters.items() if v}}
         return self._call("GET", "/api/v2/ci/runs", params=params).json()["runs"]
+
+    def ci_records(self, limit: int = 50, **filters: str | None) -> builtins.list[dict]:
+        """The newest CI records (a delivery, its pipeline run and its deployment), newest first;
+        ``filters``: ``sha``, ``state``, ``delivery`` (None or empty: any)."""
+        params = {"limit": limit, **{k: v for k, v in filters.items() if v}}
+        return self._call("GET", "/api/v2/ci/records", params=params).json()["records"]
 
     def record_deployment(self, d: dict) -> dict:
         """Record one production deployment (``POST /api/v2/deployments``); the stored record, with its ``id``."""

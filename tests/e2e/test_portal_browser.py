@@ -157,7 +157,7 @@ def test_submit_from_the_form_watch_it_complete_and_cancel_a_long_job_from_the_u
     with screenshot_on_failure(driver, ARTIFACTS, "0-login"):
         log_in(driver, ui, p.prefect_auth_string)  # apiary up protects the UI (the form trusts its user)
     with screenshot_on_failure(driver, ARTIFACTS, "1-form"):
-        form = open_custom_run(driver, ui, deployment, via_menu=True)
+        form = open_custom_run(driver, ui, deployment, via_menu=True, timeout_s=LOADED_S)
         set_run_name(driver, "browser-hello")
         set_text(driver, form, "Job name", "browser-hello")
         set_text(driver, form, "User", "grace")
@@ -181,7 +181,7 @@ def test_submit_from_the_form_watch_it_complete_and_cancel_a_long_job_from_the_u
         run_id = until_seen(lambda: c.get(job["id"])["flowRunId"], bool, LOADED_S, "the job's flow run")
 
     with screenshot_on_failure(driver, ARTIFACTS, "3-run-completed"):
-        open_flow_run(driver, ui, run_id)
+        open_flow_run(driver, ui, run_id, timeout_s=LOADED_S)
         wait_for_badge(driver, "Completed", 2 * LOADED_S)
         assert c.get(job["id"])["state"] == "SUCCEEDED"
 
@@ -189,7 +189,7 @@ def test_submit_from_the_form_watch_it_complete_and_cancel_a_long_job_from_the_u
     with screenshot_on_failure(driver, ARTIFACTS, "4-cancel"):
         until_seen(lambda: c.get(long_id)["state"], lambda state: state == "RUNNING", LOADED_S, "the long job running")
         long_run = until_seen(lambda: c.get(long_id)["flowRunId"], bool, LOADED_S, "the long job's flow run")
-        open_flow_run(driver, ui, long_run)
+        open_flow_run(driver, ui, long_run, timeout_s=LOADED_S)
         wait_for_badge(driver, "Running")
         cancel_flow_run(driver, timeout_s=LOADED_S)
         assert c.wait(long_id, timeout=LOADED_S)["state"] == "STOPPED"

@@ -17,7 +17,7 @@ from apiary.api import create_app
 from apiary.auth import Directory
 from apiary.ci.records import METRICS_WINDOW_RUNS, CiRecords
 from apiary.monitoring.ci_metrics import STAGE_BUCKETS, CiCollector
-from apiary.store.models import CiRun
+from apiary.store.models import CiRecord
 
 
 def metrics(client: TestClient) -> dict[str, list]:
@@ -102,7 +102,7 @@ def test_the_stage_histogram_covers_a_bounded_window_of_the_newest_runs(tmp_path
         for i in range(total):
             # the 20 oldest runs took an hour each; the window must leave them out
             seconds = 3600.0 if i < 20 else 10.0
-            session.add(CiRun(flow_run_id=f"r{i}", repo="acme/apiary", sha="a" * 40, ref="refs/heads/main",
+            session.add(CiRecord(flow_run_id=f"r{i}", repo="acme/apiary", sha="a" * 40, ref="refs/heads/main",
                               kind="deploy", result="success", started_at=1000.0 + i, finished_at=2000.0 + i,
                               duration_s=1.0, stages=[{"name": "unit", "state": "passed", "durationS": seconds,
                                                        "summary": ""}]))

@@ -200,27 +200,29 @@ def log_in(driver: WebDriver, ui_url: str, auth_string: str, timeout_s: float = 
         By.CSS_SELECTOR, "input[type=password]"), timeout_s, "the UI past its login page")
 
 
-def open_custom_run(driver: WebDriver, ui_url: str, deployment_id: str, via_menu: bool = False) -> WebElement:
+def open_custom_run(driver: WebDriver, ui_url: str, deployment_id: str, via_menu: bool = False,
+                    timeout_s: float = TIMEOUT_S) -> WebElement:
     """Open the custom-run form of a deployment and return the ``form.flow-run-create-form-v2``.
 
     Direct URL: ``<ui>/deployments/deployment/<id>/run``.  ``via_menu`` goes the user's way instead:
     the deployment page, its "Run" button, then "Custom run" (a link to the same page with
-    ``?parameters=%257B%257D``).  Waits until the parameters have rendered.
+    ``?parameters=%257B%257D``).  Waits up to ``timeout_s`` for each step and until the parameters
+    have rendered.
     """
     base = ui_url.rstrip("/")
     if via_menu:
         driver.get(f"{base}/deployments/deployment/{deployment_id}")
         run = wait_for(driver, lambda d: _clickable(d.find_elements(By.XPATH, "//button[normalize-space()='Run']")),
-                       what="the deployment's Run button")
+                       timeout_s, "the deployment's Run button")
         click(driver, run)
         item = wait_for(driver, lambda d: _clickable(d.find_elements(
             By.XPATH, "//button[contains(@class,'p-overflow-menu-item')][normalize-space()='Custom run']")),
-            what="the Custom run menu item")
+            timeout_s, "the Custom run menu item")
         click(driver, item)
     else:
         driver.get(f"{base}/deployments/deployment/{deployment_id}/run")
     wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "form.flow-run-create-form-v2 .schema-form-property"),
-             what="the custom-run form")
+             timeout_s, "the custom-run form")
     return driver.find_element(By.CSS_SELECTOR, "form.flow-run-create-form-v2")
 
 
@@ -401,10 +403,11 @@ def flow_run_id_by_name(driver: WebDriver, run_name: str, timeout_s: float = TIM
 # --- Prefect: a flow run's page ------------------------------------------------------------------
 
 
-def open_flow_run(driver: WebDriver, ui_url: str, flow_run_id: str) -> None:
-    """Open ``<ui>/runs/flow-run/<id>`` and wait for its state badge."""
+def open_flow_run(driver: WebDriver, ui_url: str, flow_run_id: str, timeout_s: float = TIMEOUT_S) -> None:
+    """Open ``<ui>/runs/flow-run/<id>`` and wait up to ``timeout_s`` for its state badge."""
     driver.get(f"{ui_url.rstrip('/')}/runs/flow-run/{flow_run_id}")
-    wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, ".state-badge"), what="the flow run's state badge")
+    wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, ".state-badge"), timeout_s,
+             "the flow run's state badge")
 
 
 def state_badge(driver: WebDriver) -> str:

@@ -659,10 +659,11 @@ class CiWebhookAccepted(BaseModel):
 
 
 class CiDeliveryJson(BaseModel):
-    """One recorded GitHub delivery (``ci_deliveries``); ``receivedAt`` unix seconds; ``state``
-    ``accepted``, ``started``, ``pending`` or ``failed``."""
+    """One recorded GitHub delivery (its CI record, ``ci_records``; ``record`` that record's own state);
+    ``receivedAt`` unix seconds; ``state`` ``accepted``, ``started``, ``pending`` or ``failed``."""
 
     delivery: str
+    record: str
     event: str
     action: str | None
     repo: str | None

@@ -333,9 +333,6 @@ class CiRecord(Base):
     steps: Mapped[list | None] = mapped_column(JSON, nullable=True)
 
 
-#: The record's former name, kept for code that builds pipeline-run rows directly.
-CiRun = CiRecord
-
 
 class IncidentRow(Base):
     """One incident (issue 14; the pure model is :class:`apiary.incidents.Incident`). Its state is
