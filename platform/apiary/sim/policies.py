@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apiary.errors import QuotaExceededError, ValidationError
+from apiary.scheduler import unknown_vc_message
 from apiary.scheduler.sizing import leaf_cells_needed
 from apiary.scheduler.types import Decision, GroupRequest, NodeInfo, TaskPlacement, TaskRequest
 from apiary.sim.cluster import vc_gpus
@@ -267,7 +268,7 @@ class _FirstFit:
         ``vc`` keeps that VC's groups and the nodes they use; ValidationError for a VC the
         cluster config does not define."""
         if vc is not None and vc not in self.config.virtual_clusters:
-            raise ValidationError("vc", f"unknown virtual cluster {vc!r}")
+            raise ValidationError("vc", unknown_vc_message(vc, list(self.config.virtual_clusters)))
         groups = {
             name: {
                 "vc": g.request.virtual_cluster,
@@ -335,7 +336,7 @@ class QuotaScheduler(_FirstFit):
     def validate(self, request: GroupRequest) -> None:
         vc = request.virtual_cluster
         if vc not in self.quota:
-            raise ValidationError("defaults.virtualCluster", f"unknown virtual cluster {vc!r}")
+            raise ValidationError("defaults.virtualCluster", unknown_vc_message(vc, list(self.quota)))
         self._check_shape(request)
         n = self.request_gpus(request)
         if not request.opportunistic and request.gang and n > self.quota[vc]:
