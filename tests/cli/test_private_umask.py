@@ -36,7 +36,7 @@ def seen(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[list[int]]
 
 
 def test_the_control_plane_runs_with_umask_077(seen: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    from apiary.control import server
+    from apiary import wiring as server
 
     monkeypatch.setattr(server, "serve", lambda *a, **kw: seen.append(_current_umask()))
     result = CliRunner().invoke(cli.app, ["control-plane", "--port", "1"])

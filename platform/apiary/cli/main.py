@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from apiary.cli.aiops import aiops_app
 from apiary.cli.chaos import chaos_app
@@ -30,7 +31,7 @@ from apiary.cli.incident import incident_app, oncall_command
 from apiary.cli.load import load_app
 from apiary.cli.rollout import add_rollout_commands
 from apiary.cli.sim import sim_app
-from apiary.cli.tables import COMPACT, folded, print_rows, uncut, word
+from apiary.cli.tables import COMPACT, folded, print_rows, uncut, when, word
 from apiary.errors import ApiaryError, PortInUseError
 from apiary.procutil import use_private_umask
 
@@ -153,7 +154,7 @@ def up(
 @app.command("control-plane", hidden=True)
 def control_plane(port: int = typer.Option(8470), host: str = typer.Option("127.0.0.1")) -> None:
     """Run the control-plane process (started by apiary up)."""
-    from apiary.control.server import serve
+    from apiary.wiring import serve
 
     use_private_umask()  # the store, its WAL and the task logs hold the jobs' secrets
     _logging()
@@ -369,7 +370,7 @@ def job_wait(job_id: str, timeout: float | None = typer.Option(None, "--timeout"
 # ---------------------------------------------------------------------- nodes / cluster
 @node_app.command("list")
 def node_list(as_json: bool = typer.Option(False, "--json", help="Print the nodes as JSON.")) -> None:
-    """List nodes; simulated GPUs are marked."""
+    """List nodes; simulated GPUs are marked, and ``cordoned`` names who holds a cordon on each."""
     try:
         nodes = _client().nodes()
     except ApiaryError as e:
@@ -377,12 +378,43 @@ def node_list(as_json: bool = typer.Option(False, "--json", help="Print the node
     if as_json:
         print(json.dumps(nodes, indent=2))
         return
-    def simulated(n: dict) -> str:  # the header says what "yes" means; "-": the agent has not said
-        return "yes" if n["simulatedGpus"] else ("no" if n["simulatedGpus"] is False else "-")
+    print_rows(console, ("name", "gpus", "used", "simulated GPUs", "healthy", "sku"),
+               [(n["name"], str(n["gpus"]), str(n["gpusUsed"]), _simulated(n), str(n["healthy"]), n["skuType"])
+                for n in nodes],
+               sentence="cordoned", sentences=[cordon_sources(n) for n in nodes])
 
-    print_rows(console, ("name", "gpus", "used", "simulated GPUs", "healthy", "cordoned", "sku"),
-               [(n["name"], str(n["gpus"]), str(n["gpusUsed"]), simulated(n), str(n["healthy"]), str(n["cordoned"]),
-                 n["skuType"]) for n in nodes])
+
+def _simulated(n: dict) -> str:  # the header says what "yes" means; "-": the agent has not said
+    return "yes" if n["simulatedGpus"] else ("no" if n["simulatedGpus"] is False else "-")
+
+
+def cordon_sources(node: dict) -> str:
+    """Who holds a cordon on ``node`` (a ``GET /api/v2/nodes`` entry): ``admin, drill:stress``;
+    ``no`` when none (``yes`` from a server that lists no sources)."""
+    sources = [c["source"] for c in node.get("cordons") or []]
+    return ", ".join(sources) or ("yes" if node.get("cordoned") else "no")
+
+
+@node_app.command("get")
+def node_get(node: str, as_json: bool = typer.Option(False, "--json", help="Print the node as JSON.")) -> None:
+    """Show one node and each of its cordons: who set it, when, by whom and why."""
+    try:
+        n = _client().node(node)
+    except ApiaryError as e:
+        _fail(e)
+    if as_json:
+        print(json.dumps(n, indent=2))
+        return
+    print_rows(console, ("name", "gpus", "used", "simulated GPUs", "healthy", "schedulable", "sku"),
+               [(n["name"], str(n["gpus"]), str(n["gpusUsed"]), _simulated(n), str(n["healthy"]),
+                 str(n["schedulable"]), n["skuType"])])
+    cordons = n.get("cordons") or []
+    console.print()
+    if not cordons:
+        console.print(Text("not cordoned"))
+        return
+    print_rows(console, ("cordon", "since", "by"), [(c["source"], when(c["at"]), c["by"] or "-") for c in cordons],
+               sentence="reason", sentences=[c["reason"] or "-" for c in cordons])
 
 
 @node_app.command("fault")
@@ -404,23 +436,31 @@ def node_fault(
 
 
 @node_app.command("cordon")
-def node_cordon(node: str) -> None:
-    """Stop placing new tasks on NODE; running tasks keep going (like kubectl cordon)."""
+def node_cordon(node: str, reason: str = typer.Option("", "--reason", help="Why (shown by node get).")) -> None:
+    """Stop placing new tasks on NODE; running tasks keep going (like kubectl cordon). The cordon
+    is the admin's: an alert's, an incident's or a drill's uncordon leaves it."""
     try:
-        n = _client().cordon(node, True)
+        n = _client().cordon(node, True, reason=reason or None)
     except ApiaryError as e:
         _fail(e)
-    console.print(f"{n['name']} cordoned")
+    console.print(Text(f"{n['name']} cordoned by {cordon_sources(n)}"))
 
 
 @node_app.command("uncordon")
-def node_uncordon(node: str) -> None:
-    """Make NODE schedulable again."""
+def node_uncordon(
+    node: str,
+    source: str = typer.Option("admin", "--source",
+                               help="Whose cordon to remove: admin, alert:<name>, incident:<id>, drill:stress, ..."),
+    every: bool = typer.Option(False, "--all", help="Remove every cordon, whoever set it."),
+) -> None:
+    """Remove the admin's cordon from NODE (or ``--source``'s, or ``--all``); the node is schedulable
+    again once no cordon is left."""
     try:
-        n = _client().cordon(node, False)
+        n = _client().cordon(node, False, source=source, all=every)
     except ApiaryError as e:
         _fail(e)
-    console.print(f"{n['name']} uncordoned")
+    left = cordon_sources(n)
+    console.print(Text(f"{n['name']} uncordoned" if left == "no" else f"{n['name']} still cordoned by {left}"))
 
 
 @cluster_app.command("status")
