@@ -91,8 +91,22 @@ class ApiaryClient:
     def nodes(self) -> builtins.list[dict]:
         return self._call("GET", "/api/v2/nodes").json()
 
-    def cordon(self, node: str, value: bool = True) -> dict:
-        return self._call("PUT", f"/api/v2/nodes/{node}/cordon", json={"value": value}).json()
+    def node(self, node: str) -> dict:
+        """``GET /api/v2/nodes/{node}``: the node with its cordons."""
+        return self._call("GET", f"/api/v2/nodes/{node}").json()
+
+    def cordon(self, node: str, value: bool = True, *, reason: str | None = None, source: str | None = None,
+               all: bool = False) -> dict:
+        """Set (``value``) or remove ``source``'s cordon (None: the server's default, ``admin``) with
+        ``reason``; ``all`` with ``value=False`` removes every cordon. Returns the node."""
+        body: dict[str, object] = {"value": value}
+        if reason is not None:
+            body["reason"] = reason
+        if source is not None:
+            body["source"] = source
+        if all:
+            body["all"] = True
+        return self._call("PUT", f"/api/v2/nodes/{node}/cordon", json=body).json()
 
     def events(self, after: int = 0, job_id: str | None = None, limit: int = 1000) -> builtins.list[dict]:
         params: dict[str, str | int] = {"after": after, "limit": limit}

@@ -68,8 +68,10 @@ def fake_api(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[dict, lis
         if path == "/api/v2/nodes":
             return httpx.Response(200, json=[{"name": "gpu-worker-a", "gpus": 1}, {"name": "gpu-worker-b", "gpus": 1}])
         if path.endswith("/cordon"):
-            cordoned = json.loads(request.content)["value"]
-            return httpx.Response(200, json={"name": path.split("/")[-2], "cordoned": cordoned})
+            body = json.loads(request.content)
+            cordons = [{"source": body["source"], "reason": body.get("reason", "")}] if body["value"] else []
+            return httpx.Response(200, json={"name": path.split("/")[-2], "cordoned": body["value"],
+                                             "cordons": cordons})
         return httpx.Response(404, json={"code": "NotFoundError", "message": path})
 
     monkeypatch.setattr(Target, "client", lambda self, timeout=30.0: ApiaryClient(
@@ -92,8 +94,10 @@ def test_an_experiment_s_empty_names_resolve_to_the_target_cluster_s(fake_api) -
     Target.of(configuration).probe_vc  # noqa: B018 - read once per run: no second request
     assert len(seen) == 2
     # what gpu-faults' "${apiary_fault_node}" becomes when APIARY_CHAOS_NODE is unset
-    assert actions.cordon_node("", configuration=configuration) == {"node": "gpu-worker-b", "cordoned": True}
-    assert actions.uncordon_node("", configuration=configuration)["node"] == "gpu-worker-b"
+    assert actions.cordon_node("", configuration=configuration) == {
+        "node": "gpu-worker-b", "cordoned": True, "cordons": ["chaos:cordon_node"]}
+    assert actions.uncordon_node("", configuration=configuration) == {
+        "node": "gpu-worker-b", "cordoned": False, "cordons": []}
     assert seen[-1] == "PUT /api/v2/nodes/gpu-worker-b/cordon"
 
 

@@ -53,6 +53,7 @@ class FakeApi:
         self.submitted: list[dict] = []
         self.stopped: list[str] = []
         self.cordons: list[tuple[str, bool]] = []
+        self.cordon_calls: list[dict] = []
         self.reports: list[dict] = []
         self.running: list[dict] = []
         self._plans: dict[str, list[dict]] = {}
@@ -88,10 +89,12 @@ class FakeApi:
     def nodes(self) -> list[dict]:
         return [dict(n) for n in self._nodes]
 
-    def cordon(self, node: str, value: bool = True) -> dict:
+    def cordon(self, node: str, value: bool = True, *, reason: str | None = None, source: str | None = None,
+               all: bool = False) -> dict:
         if self.refuse_cordon:
             raise ForbiddenError("Only admins may do this; you are the service bridge.")
         self.cordons.append((node, value))
+        self.cordon_calls.append({"node": node, "value": value, "reason": reason, "source": source, "all": all})
         for n in self._nodes:
             if n["name"] == node:
                 n["cordoned"] = value

@@ -12,7 +12,7 @@ from sqlalchemy import inspect, select, text
 from apiary.store import Event, Job, make_engine, migrate, session_factory
 from apiary.store.models import Base
 
-HEAD = "0010"  # the newest Alembic revision
+HEAD = "0011"  # the newest Alembic revision
 
 
 @pytest.fixture

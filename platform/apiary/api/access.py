@@ -114,6 +114,7 @@ ACCESS: dict[tuple[str, str], Access] = {
     ("PUT", "/api/v2/cluster/config"): _a("admin"),
     ("GET", "/api/v2/cluster/consistency"): _a("admin"),
     ("GET", "/api/v2/nodes"): _a("token"),
+    ("GET", "/api/v2/nodes/{node}"): _a("token"),
     ("PUT", "/api/v2/nodes/{node}/cordon"): _a("admin"),
     ("POST", "/api/v2/nodes/{node}/faults"): _a("admin"),
     ("GET", "/api/v2/nodes/{node}/faults"): _a("admin"),

@@ -110,7 +110,15 @@ class ExecutionType(RequestBody):
 
 
 class CordonRequest(RequestBody):
-    value: bool = Field(description="true: no new placements on the node; false: schedulable again.")
+    """Set or remove one source's cordon (a node is cordoned while it holds any)."""
+
+    value: bool = Field(description="true: set the source's cordon (no new placements on the node); false: "
+                                    "remove it (schedulable again once no cordon is left).")
+    reason: str | None = Field(default=None, max_length=500, description="Why (kept with the cordon).")
+    source: str = Field(default="admin", max_length=120,
+                        description="Whose cordon: admin (default), alert:<alertname>, incident:<id>, "
+                                    "drill:<drill> or chaos:<name>.")
+    all: bool = Field(default=False, description="With value false: remove every cordon, whatever its source.")
 
 
 class FlowRunRef(RequestBody):
@@ -390,13 +398,21 @@ class ConsistencyJson(BaseModel):
 # ============================================================================ nodes
 
 
+class CordonJson(BaseModel):
+    source: str = Field(description="Who set it: admin, alert:<alertname>, incident:<id>, drill:<drill>, chaos:<name>.")
+    reason: str = Field(description="Why, as given (may be empty).")
+    by: str = Field(description="The principal or actor that set it.")
+    at: str | None = Field(description="When it was set (ISO 8601, UTC).")
+
+
 class NodeJson(BaseModel):
     name: str
     gpus: int
     simulatedGpus: bool | None = Field(description="None until the node's agent reported.")
     healthy: bool
     ready: bool = Field(description="Its agent reports (healthy).")
-    cordoned: bool
+    cordoned: bool = Field(description="It holds a cordon (any source).")
+    cordons: list[CordonJson] = Field(description="Its cordons, oldest first: who set each, when and why.")
     schedulable: bool = Field(description="New work may be placed on it: ready and not cordoned.")
     address: str | None
     skuType: str

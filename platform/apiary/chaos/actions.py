@@ -183,21 +183,30 @@ def clear_gpu_faults(node: str, gpus: list[int] | None = None, configuration: Co
     return {"cleared": [_fault(t, node, {"gpu": g, "clear": True})["gpu"] for g in gpus]}
 
 
-def cordon_node(node: str, configuration: Configuration = None) -> dict:
-    """Cordon ``node`` ("": the target's fault node; no new placements), what the default alert
-    actions do for broken GPUs."""
+#: The source of the chaos actions' cordons (:data:`apiary.control.nodes.CORDON_SOURCE`): its own
+#: key, so :func:`uncordon_node` never lifts an admin's, an alert's or an incident's cordon.
+CORDON_SOURCE = "chaos:cordon_node"
+
+
+def cordon_node(node: str, reason: str = "chaos experiment", configuration: Configuration = None) -> dict:
+    """Cordon ``node`` ("": the target's fault node; no new placements) as :data:`CORDON_SOURCE`
+    with ``reason``, what the default alert actions do for broken GPUs. Returns ``{"node",
+    "cordoned", "cordons": [source, ...]}``."""
     t = Target.of(configuration)
     node = node or t.fault_node
     with closing(t.client()) as c:
-        return {"node": node, "cordoned": c.cordon(node, True)["cordoned"]}
+        n = c.cordon(node, True, source=CORDON_SOURCE, reason=reason)
+    return {"node": node, "cordoned": n["cordoned"], "cordons": [x["source"] for x in n.get("cordons", [])]}
 
 
 def uncordon_node(node: str, configuration: Configuration = None) -> dict:
-    """Uncordon ``node`` ("": the target's fault node)."""
+    """Remove :func:`cordon_node`'s cordon from ``node`` ("": the target's fault node); the node's
+    other cordons stay. Returns ``{"node", "cordoned", "cordons": [source, ...]}``."""
     t = Target.of(configuration)
     node = node or t.fault_node
     with closing(t.client()) as c:
-        return {"node": node, "cordoned": c.cordon(node, False)["cordoned"]}
+        n = c.cordon(node, False, source=CORDON_SOURCE)
+    return {"node": node, "cordoned": n["cordoned"], "cordons": [x["source"] for x in n.get("cordons", [])]}
 
 
 # ------------------------------------------------------------------------------ jobs

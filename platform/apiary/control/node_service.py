@@ -1,8 +1,9 @@
 """The node service: agents' reports and heartbeats, lost nodes, cordon and drain, simulated faults.
 
-A node's durable state is its ``nodes`` row (health, cordon, last heartbeat, metrics URL) and its
-queued faults; every change is one :class:`~apiary.control.work.Work` committed before memory (the
-scheduler's node health, the nodes' assignment generations) is touched. Bare heartbeats from a known
+A node's durable state is its ``nodes`` row (health, last heartbeat, metrics URL), its cordons (one
+per source, :class:`~apiary.store.models.NodeCordon`) and its queued faults; every change is one
+:class:`~apiary.control.work.Work` committed before memory (the scheduler's node health, the nodes'
+assignment generations) is touched. Bare heartbeats from a known
 healthy node whose facts did not change are kept in memory and written at most every
 :data:`~apiary.control.nodes.HEARTBEAT_PERSIST_S` (the plane's cache holds what each row says).
 """
@@ -16,11 +17,18 @@ from dataclasses import replace
 from sqlalchemy import delete, func, select
 
 from apiary.control.cache import PlaneCache, Seen
-from apiary.control.nodes import HEARTBEAT_PERSIST_S, MAX_QUEUED_FAULTS, schedulable
+from apiary.control.nodes import (
+    ADMIN_CORDON,
+    HEARTBEAT_PERSIST_S,
+    MAX_CORDON_REASON,
+    MAX_QUEUED_FAULTS,
+    cordon_source,
+    schedulable,
+)
 from apiary.errors import TooManyRequestsError, ValidationError
 from apiary.lifecycle import TaskState
 from apiary.lifecycle.reducer import NodeLost, RunReported
-from apiary.store.models import Event, Job, Node, NodeFault, Placement, Task
+from apiary.store.models import Event, Job, Node, NodeCordon, NodeFault, Placement, Task
 from apiary.store.unit import reading
 from apiary.timefmt import iso
 
@@ -108,7 +116,7 @@ class NodeService:
                 if not fresh:
                     row = s.get(Node, node)
                     if row is None:
-                        row = Node(name=node, cordoned=False)
+                        row = Node(name=node)
                         s.add(row)
                     was = schedulable(row) if row.healthy is not None else False
                     if row.healthy is False:
@@ -144,9 +152,22 @@ class NodeService:
             self.cache.reported[node] = Seen(info, True, seen.beat if fresh and seen else now, mark)
         return {"ack": ack}
 
-    def cordon(self, node: str, cordoned: bool = True) -> dict:
-        """Cordon (no new placements; running tasks keep going until they end) or uncordon a node,
-        as ``kubectl cordon`` does. Durable. Idempotent. Raises NotFoundError for an unknown node."""
+    def cordon(self, node: str, cordoned: bool = True, *, source: str = ADMIN_CORDON, reason: str = "",
+               by: str = "", every_source: bool = False) -> dict:
+        """Set (``cordoned``) or remove ``source``'s cordon on ``node``, like a Kubernetes taint with
+        that key: the node takes no new placements (running tasks keep going until they end) while
+        it holds a cordon from any source, so removing one source's cordon leaves the others' in
+        place. ``every_source`` (only with ``cordoned=False``): remove every cordon. Setting a
+        source's cordon again keeps its time and takes the new ``reason`` (when one is given) and
+        ``by``. ``source``: a :data:`~apiary.control.nodes.CORDON_SOURCE`; ``reason``: why, at most
+        :data:`~apiary.control.nodes.MAX_CORDON_REASON` characters; ``by``: the principal or actor.
+        Durable; idempotent. Returns the node's :meth:`list_nodes` entry. Raises NotFoundError for
+        an unknown node, ValidationError naming ``source``, ``reason`` or ``all``."""
+        cordon_source(source)
+        if len(reason) > MAX_CORDON_REASON:
+            raise ValidationError("reason", f"at most {MAX_CORDON_REASON} characters, not {len(reason)}")
+        if every_source and cordoned:
+            raise ValidationError("all", "removes every cordon: give it with value false only")
         self.cache.known_node(node)
         with self.cache.lock, self.cache.work("cordon") as w:
             s = w.s
@@ -154,12 +175,20 @@ class NodeService:
             if row is None:
                 row = Node(name=node, healthy=False)
                 s.add(row)
-            if bool(row.cordoned) != cordoned:
-                logger.info("node=%s %s", node, "cordoned" if cordoned else "uncordoned")
-            row.cordoned = cordoned
+            if cordoned:
+                held = next((c for c in row.cordons if c.source == source), None)
+                if held is None:
+                    row.cordons.append(NodeCordon(source=source, reason=reason, by=by[:200], at=self.cache.clock()))
+                    logger.info("node=%s cordoned source=%s by=%s reason=%s", node, source, by, reason)
+                else:
+                    held.reason, held.by = reason or held.reason, by[:200]
+            else:
+                for c in [c for c in row.cordons if every_source or c.source == source]:
+                    row.cordons.remove(c)
+                    logger.info("node=%s uncordoned source=%s by=%s", node, c.source, by)
             w.node_health(node, schedulable(row))
             w.commit()
-        return next(n for n in self.list_nodes() if n["name"] == node)
+        return self.get_node(node)
 
     def jobs_on_node(self, node: str) -> list[str]:
         """Ids of the jobs with a live task on ``node``, in arrival order. Raises NotFoundError."""
@@ -170,13 +199,15 @@ class NodeService:
                 .where(Task.node == node, Task.state.in_(ACTIVE_TASK_STATES))
                 .order_by(Job.submission_time, Job.submit_seq))))
 
-    def drain(self, node: str, reason: str | None = None) -> list[str]:
-        """``kubectl drain``: cordon ``node`` and stop its jobs' runs there; each such job's attempt
-        ends as if the node were lost (exit -1001 PodNodeLost, a platform failure that is always
-        retried), so it is re-placed elsewhere as a platform retry and loses no user retry. The
-        agent stops the runs (they leave the node's assignments). Returns the jobs moved. Durable,
-        idempotent (a drained node has nothing left to move). Raises NotFoundError."""
-        self.cordon(node, True)
+    def drain(self, node: str, reason: str | None = None, *, source: str = ADMIN_CORDON, by: str = "") -> list[str]:
+        """``kubectl drain``: cordon ``node`` as ``source`` (:meth:`cordon`, ``reason`` or "drained"
+        its reason, ``by`` its actor) and stop its jobs' runs there; each such job's attempt ends as
+        if the node were lost (exit -1001 PodNodeLost, a platform failure that is always retried;
+        ``reason``: the attempt's reason), so it is re-placed elsewhere as a platform retry and
+        loses no user retry. The agent stops the runs (they leave the node's assignments). Returns
+        the jobs moved. Durable, idempotent (a drained node has nothing left to move). Raises
+        NotFoundError, ValidationError (as :meth:`cordon`)."""
+        self.cordon(node, True, source=source, reason=(reason or "drained")[:MAX_CORDON_REASON], by=by)
         with self.cache.lock, self.cache.work("drain") as w:
             s = w.s
             job_ids = list(dict.fromkeys(s.scalars(
@@ -199,9 +230,16 @@ class NodeService:
             rows = s.scalars(select(Event).where(Event.job_id.in_(job_ids)).order_by(Event.seq.desc()).limit(limit))
             return [{"seq": e.seq, "time": e.time, "jobId": e.job_id, "type": e.type} for e in rows]
 
+    def get_node(self, node: str) -> dict:
+        """``node``'s :meth:`list_nodes` entry. Raises NotFoundError for a node the cluster config
+        does not declare."""
+        self.cache.known_node(node)
+        return next(n for n in self.list_nodes() if n["name"] == node)
+
     def list_nodes(self) -> list[dict]:
-        """Every node of the cluster config: its row's facts, GPUs in use, last heartbeat, and
-        ``schedulable`` (the one derivation the scheduler follows)."""
+        """Every node of the cluster config: its row's facts, GPUs in use, last heartbeat, its
+        ``cordons`` (``[{"source", "reason", "by", "at"}]``, ``at`` ISO 8601 UTC, oldest first),
+        ``cordoned`` (it holds any) and ``schedulable`` (the one derivation the scheduler follows)."""
         with self.cache.lock:
             infos = self.cache.scheduler.nodes()
             beats = dict(self.cache.heartbeats)
@@ -221,6 +259,8 @@ class NodeService:
                         "healthy": bool(row.healthy) if row else False,
                         "ready": row is not None and bool(row.healthy),
                         "cordoned": bool(row.cordoned) if row else False,
+                        "cordons": [{"source": c.source, "reason": c.reason, "by": c.by, "at": iso(c.at)}
+                                    for c in row.cordons] if row else [],
                         "schedulable": schedulable(row),
                         "address": row.address if row else None,
                         "skuType": info.sku_type,

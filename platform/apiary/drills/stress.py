@@ -15,8 +15,10 @@
    tested again (a second wave over its group) and fails only when it fails twice: a benchmark
    disturbed once by other work on its machine is not a broken node.
 4. **Action**: each failed node is reported (``apiary_drill_node_failed{node,rule}``, alert
-   ``ApiaryDrillNodeFailed``) and cordoned unless ``cordon=False`` (``APIARY_DRILL_STRESS_CORDON``).
-   Un-cordoning after a repair is the operator's: ``apiary node uncordon <node>``.
+   ``ApiaryDrillNodeFailed``) and cordoned unless ``cordon=False`` (``APIARY_DRILL_STRESS_CORDON``),
+   with the cordon source :data:`CORDON_SOURCE` and the failed rules as its reason, so an admin's
+   or an incident's uncordon leaves it. Un-cordoning after a repair is the operator's:
+   ``apiary node uncordon <node> --source drill:stress`` (or ``--all``).
 
 Simulated clusters: a ``degraded`` fault (``POST /api/v2/nodes/{node}/faults {"gpu": 0,
 "degraded": 3}``) makes the node's agent set ``APIARY_SIMULATED_SLOWDOWN=3`` for tasks on that GPU,
@@ -82,6 +84,17 @@ class StressReport:
     @property
     def failed_nodes(self) -> list[str]:
         return [v.node for v in self.verdicts if not v.passed]
+
+
+#: The source of the stress drill's cordons (:data:`apiary.control.nodes.CORDON_SOURCE`).
+CORDON_SOURCE = "drill:stress"
+
+
+def cordon_reason(verdict: NodeVerdict) -> str:
+    """Why the drill cordons ``verdict``'s node: ``stress drill failed: <rule>: <detail>; ...``
+    (at most 500 characters, the API's limit)."""
+    failures = "; ".join(f"{f.rule}: {f.detail}" if f.detail else f.rule for f in verdict.failures)
+    return f"stress drill failed: {failures or 'no benchmark result'}"[:500]
 
 
 def _result_of(run: NodeRun) -> NodeResult:
@@ -228,7 +241,7 @@ def stress(api: DrillApi, rules: Rules, *, image: str, timeout_s: float = 900.0,
         logger.warning("stress node=%s failed rules=%s", v.node, [f.rule for f in v.failures])
         if cordon:
             try:
-                api.cordon(v.node, True)
+                api.cordon(v.node, True, source=CORDON_SOURCE, reason=cordon_reason(v))
                 report.cordoned.append(v.node)
             except ApiaryError as e:
                 report.cordon_errors[v.node] = e.message

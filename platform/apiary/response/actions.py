@@ -5,8 +5,11 @@ the actions config and ``?action=`` selectors of the alert intake (:mod:`apiary.
 OpenPAI's alert-handler names), an incident's response-rule mitigations and a responder's
 ``apiary incident mitigate``. The actions (the target each acts on in brackets):
 
-* ``cordon-node`` / ``uncordon-node`` [node]: the plane's public cordon.
-* ``drain-node`` [node]: the plane's drain; its jobs re-placed as platform retries.
+* ``cordon-node`` / ``uncordon-node`` [node]: the plane's public cordon, keyed by who acts
+  (:func:`cordon_source`): ``incident:<id>`` for an incident's action, else ``alert:<alertname>``;
+  an ``uncordon-node`` removes that source's cordon only, never an admin's, a drill's or another's.
+* ``drain-node`` [node]: the plane's drain (its cordon keyed the same way); its jobs re-placed as
+  platform retries.
 * ``stop-job`` [job], ``tag-job[:TAG]`` [job]: the alert's job (an Apiary job id, ``user~name``).
 * ``tag-jobs[:TAG]`` / ``untag-jobs[:TAG]`` [node]: every job on the node.
 * ``notify-owners`` [node]: the owners of the incident's linked jobs (email, else IM).
@@ -26,6 +29,7 @@ actions config asking for the same action, run it once. A failed run may be clai
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -73,9 +77,10 @@ class Platform(Protocol):
     """What the actions call on the control plane (:class:`~apiary.control.ControlPlane`'s public
     methods); raises ApiaryError subclasses (NotFoundError for an unknown node or job, ...)."""
 
-    def cordon(self, node: str, cordoned: bool = True) -> dict: ...
+    def cordon(self, node: str, cordoned: bool = True, *, source: str = "admin", reason: str = "",
+               by: str = "", every_source: bool = False) -> dict: ...
 
-    def drain(self, node: str, reason: str | None = None) -> list[str]: ...
+    def drain(self, node: str, reason: str | None = None, *, source: str = "admin", by: str = "") -> list[str]: ...
 
     def jobs_on_node(self, node: str) -> list[str]: ...
 
@@ -101,6 +106,16 @@ class ActionRun:
     def to_dict(self) -> dict[str, Any]:
         """``{"action", "target", "result", "detail"}``."""
         return {"action": self.action, "target": self.target, "result": self.result, "detail": self.detail}
+
+
+def cordon_source(alert: AlertKey | None, incident: Incident | None) -> tuple[str, str]:
+    """Whose cordon an action sets or removes, and why: ``("incident:<id>", "incident <id>: <title>")``
+    for an incident's action, else ``("alert:<alertname>", "alert <alertname> firing")``
+    (``alert:unknown`` with no alert name)."""
+    if incident is not None:
+        return f"incident:{incident.id}", f"incident {incident.id}: {incident.title}"
+    name = re.sub(r"[^A-Za-z0-9_.:-]", "_", alert.alertname if alert else "")[:100] or "unknown"
+    return f"alert:{name}", f"alert {alert.alertname if alert and alert.alertname else name} firing"
 
 
 def user_email(sessions: Sessions) -> Callable[[str], str | None]:
@@ -199,11 +214,13 @@ class ActionPipeline:
 
     def run(self, action: str, target: str | None, *, alert: AlertKey | None = None,
             incident: Incident | None = None, message: Message | None = None,
-            on_call_paged: bool = False) -> ActionRun | None:
+            on_call_paged: bool = False, actor: str | None = None) -> ActionRun | None:
         """Run ``action`` on ``target`` once. ``alert``: the alert it is for (claimed in the log:
         None is returned, and nothing runs, when it already ran or is running). ``incident``: the
-        incident it belongs to (its links name the owners to notify). ``message``: what the notify
-        actions send (default: about the incident). ``on_call_paged``: the incident has an
+        incident it belongs to (its links name the owners to notify; its id keys the cordon).
+        ``message``: what the notify actions send (default: about the incident); its title is an
+        alert's cordon reason. ``actor``: who acts, the cordon's ``by`` (None: ``alertmanager`` for
+        an alert's action, else ``apiary``). ``on_call_paged``: the incident has an
         escalation policy, so ``email-admin`` is skipped (recorded): people are paged once. Never
         raises for the action's own failure: that is the run's ``failed`` result; ValidationError
         for an unknown action."""
@@ -219,7 +236,9 @@ class ActionPipeline:
                 return None
         links = Links()
         try:
-            result, detail, links = self._do(name, arg, target, incident, message, on_call_paged)
+            by = actor or ("alertmanager" if alert is not None and incident is None else "apiary")
+            result, detail, links = self._do(name, arg, target, incident, message, on_call_paged,
+                                             cordon=(*self._cordon_of(alert, incident, message), by))
         except ApiaryError as e:
             result, detail = "failed", e.message
             logger.warning("action %s on %s failed: %s", action, target, e.message)
@@ -229,16 +248,28 @@ class ActionPipeline:
                     incident.id if incident else "-")
         return ActionRun(action, target, result, detail, links)
 
+    @staticmethod
+    def _cordon_of(alert: AlertKey | None, incident: Incident | None, message: Message | None) -> tuple[str, str]:
+        source, reason = cordon_source(alert, incident)
+        if incident is None and message is not None and message.title:
+            reason = message.title[:500]
+        return source, reason
+
     def _do(self, name: str, arg: str, target: str, incident: Incident | None, message: Message | None,
-            on_call_paged: bool) -> tuple[str, str, Links]:
+            on_call_paged: bool, cordon: tuple[str, str, str]) -> tuple[str, str, Links]:
         plane = self.plane
         if plane is None:
             return "skipped", "no control plane", Links()
-        if name in ("cordon-node", "uncordon-node"):
-            plane.cordon(target, name == "cordon-node")
-            return "ok", f"node {target} {'cordoned' if name == 'cordon-node' else 'uncordoned'}", Links()
+        source, reason, by = cordon
+        if name == "cordon-node":
+            plane.cordon(target, True, source=source, reason=reason, by=by)
+            return "ok", f"node {target} cordoned ({source}: {reason})", Links()
+        if name == "uncordon-node":
+            left = plane.cordon(target, False, source=source, by=by).get("cordons") or []
+            others = f"; still cordoned by {', '.join(c['source'] for c in left)}" if left else ""
+            return "ok", f"node {target}: {source}'s cordon removed{others}", Links()
         if name == "drain-node":
-            return self._drain(plane, target, incident)
+            return self._drain(plane, target, incident, source, by)
         if name == "stop-job":
             plane.stop(target)
             return "ok", f"job {target} stop requested", Links(jobs=(target,), users=(target.split("~", 1)[0],))
@@ -271,10 +302,11 @@ class ActionPipeline:
             return "ok", self.outbox.tell_address(self.admin_email, msg), Links()
         return "ok", self.outbox.post(msg), Links()
 
-    def _drain(self, plane: Platform, node: str, incident: Incident | None) -> tuple[str, str, Links]:
+    def _drain(self, plane: Platform, node: str, incident: Incident | None, source: str,
+               by: str) -> tuple[str, str, Links]:
         before = {j: plane.get_job(j) for j in plane.jobs_on_node(node)}
         why = f"Node {node} was drained by " + (f"incident {incident.id}." if incident else "an alert.")
-        moved = plane.drain(node, why)
+        moved = plane.drain(node, why, source=source, by=by)
         jobs = [before.get(j) or plane.get_job(j) for j in moved]
         links = Links(jobs=tuple(moved), users=tuple(j["user"] for j in jobs),
                       virtual_clusters=tuple(j["virtualCluster"] for j in jobs),

@@ -8,7 +8,7 @@ and a crash before it never started anything). Times are unix seconds (float, UT
 from __future__ import annotations
 
 from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
 class Base(DeclarativeBase):
@@ -128,11 +128,12 @@ class Event(Base):
 
 
 class Node(Base):
-    """A node: what its agent last reported, and the operator's cordon.
+    """A node: what its agent last reported, and the cordons set on it.
 
     ``healthy``: its agent reports (False once it missed heartbeats for ``APIARY_NODE_LOST_AFTER_S``;
-    kept across control-plane restarts, like a Kubernetes node's Ready condition). ``cordoned``: no new
-    placements (``kubectl cordon``). Whether the scheduler may place on it is derived from both by
+    kept across control-plane restarts, like a Kubernetes node's Ready condition). ``cordons``: its
+    :class:`NodeCordon` rows, one per source (loaded with the node); :attr:`cordoned` is derived from
+    them. Whether the scheduler may place on it is derived from both by
     :func:`apiary.control.nodes.schedulable`. ``last_heartbeat``: unix seconds, written at most every
     few seconds (the control plane keeps the exact value in memory). ``metrics_url``: the agent's
     ``/metrics``.
@@ -145,10 +146,34 @@ class Node(Base):
     gpus: Mapped[int] = mapped_column(Integer, default=0)
     simulated_gpus: Mapped[bool] = mapped_column(Boolean, default=False)
     healthy: Mapped[bool] = mapped_column(Boolean, default=True)
-    cordoned: Mapped[bool] = mapped_column(Boolean, default=False)
     agent_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     last_heartbeat: Mapped[float | None] = mapped_column(Float, nullable=True)
     metrics_url: Mapped[str | None] = mapped_column(String(400), nullable=True)
+    cordons: Mapped[list[NodeCordon]] = relationship(
+        lazy="selectin", cascade="all, delete-orphan", passive_deletes=True,
+        order_by="(NodeCordon.at, NodeCordon.source)")
+
+    @property
+    def cordoned(self) -> bool:
+        """No new placements (``kubectl cordon``): True while the node holds any cordon."""
+        return bool(self.cordons)
+
+
+class NodeCordon(Base):
+    """One cordon on a node, keyed by who set it, like a Kubernetes taint's key: the node takes no
+    new placements while it holds any. ``source``: ``admin``, ``alert:<alertname>``,
+    ``incident:<id>``, ``drill:<drill>`` or ``chaos:<experiment or action>``
+    (:data:`apiary.control.nodes.CORDON_SOURCE`); an uncordon removes its own source's row only.
+    ``at``: unix seconds when it was first set; ``by``: the principal or actor that set it (the
+    latest, when set again); ``reason``: why, as given (the latest)."""
+
+    __tablename__ = "node_cordons"
+
+    node: Mapped[str] = mapped_column(ForeignKey("nodes.name", ondelete="CASCADE"), primary_key=True)
+    source: Mapped[str] = mapped_column(String(120), primary_key=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    by: Mapped[str] = mapped_column(String(200), default="")
+    at: Mapped[float] = mapped_column(Float)
 
 
 class NodeFault(Base):
