@@ -25,9 +25,12 @@ def job(job_id: str, **changes) -> dict:
             "waitingReason": "Waiting for resources: VC default has 0 of 1 GPU-C leaf cells free", **changes}
 
 
-def node(name: str) -> dict:
-    return {"name": name, "gpus": 8, "gpusUsed": 2, "simulatedGpus": True, "healthy": True, "cordoned": False,
-            "skuType": "GPU-C"}
+def node(name: str, *cordons: tuple[str, str]) -> dict:
+    """A ``GET /api/v2/nodes`` entry holding ``cordons`` ((source, reason), ...)."""
+    return {"name": name, "gpus": 8, "gpusUsed": 2, "simulatedGpus": True, "healthy": True,
+            "cordoned": bool(cordons), "schedulable": not cordons, "skuType": "GPU-C",
+            "cordons": [{"source": src, "reason": why, "by": "root", "at": "2026-11-28T05:00:00.000Z"}
+                        for src, why in cordons]}
 
 
 @pytest.fixture
@@ -111,8 +114,30 @@ def test_node_list_keeps_long_names_whole(answers) -> None:
     answers["/api/v2/nodes"] = [node(name), node("hostname-dan")]
     assert CliRunner().invoke(cli.app, ["node", "list"]).exit_code == 0
     assert "…" not in shown() and max(map(len, shown().splitlines())) <= 80
-    assert [(r["name"], r["healthy"], r["cordoned"], r["simulated GPUs"]) for r in rows(shown())] == [
-        (name, "True", "False", "yes"), ("hostname-dan", "True", "False", "yes")]
+    assert [(r["name"], r["healthy"], r["simulated GPUs"]) for r in rows(shown())] == [
+        (name, "True", "yes"), ("hostname-dan", "True", "yes")]
+    # no room beside the table: who holds a cordon on each node is listed under it, whole
+    assert shown().split("cordoned:\n", 1)[1].splitlines() == [f"{name}: no", "hostname-dan: no"]
+
+
+def test_node_list_names_the_sources_of_each_node_s_cordons(answers, monkeypatch) -> None:
+    monkeypatch.setattr(cli, "console", Console(file=io.StringIO(), width=160))
+    answers["/api/v2/nodes"] = [node("hostname-carol"), node("hostname-dan", ("admin", "disk"), ("drill:stress", "x"))]
+    assert CliRunner().invoke(cli.app, ["node", "list"]).exit_code == 0
+    assert [(r["name"], r["cordoned"]) for r in rows(shown())] == [
+        ("hostname-carol", "no"), ("hostname-dan", "admin, drill:stress")]
+
+
+def test_node_get_lists_each_cordon_with_its_reason(answers) -> None:
+    why = "stress drill failed: matmul-below-baseline: 4.0 GFLOP/s is below 50% of the SKU baseline [40.0]"
+    answers["/api/v2/nodes/hostname-dan"] = node("hostname-dan", ("admin", "disk check"), ("drill:stress", why))
+    assert CliRunner().invoke(cli.app, ["node", "get", "hostname-dan"]).exit_code == 0
+    assert "…" not in shown() and max(map(len, shown().splitlines())) <= 80
+    node_row, cordons = shown().split("\n\n", 1)
+    assert [(r["name"], r["schedulable"]) for r in rows(node_row)] == [("hostname-dan", "False")]
+    firsts = [line.split()[:4] for line in cordons.splitlines() if line.startswith(("admin", "drill:"))]
+    assert firsts == [["admin", "2026-11-28", "05:00", "root"], ["drill:stress", "2026-11-28", "05:00", "root"]]
+    assert "disk check" in cordons and why in " ".join(cordons.split())  # the reason whole, wrapped at words
 
 
 def test_job_submit_prints_the_id_on_one_line(answers, tmp_path) -> None:

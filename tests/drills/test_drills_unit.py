@@ -112,6 +112,8 @@ def test_only_the_slow_node_is_flagged_cordoned_and_reported() -> None:
     api, clock = FakeApi(placed(SKU_NODE), nodes=NODES, logs=logs), Clock()
     outcome = run_stress(api, load_rules(), image=IMAGE, clock=clock, sleep=clock.sleep)
     assert outcome.result == "failed" and api.cordons == [("dan", True)]
+    (call,) = api.cordon_calls  # the drill's own cordon source, the failed rules its reason
+    assert call["source"] == "drill:stress" and call["reason"].startswith("stress drill failed: matmul-below-baseline")
     assert outcome.summary == "1/2 tested nodes passed; failed: dan (cordoned: dan); untested: erin"
     by_node = {r["node"]: r for r in outcome.rows}
     assert by_node["dan"]["verdict"] == "FAILED" and by_node["carol"]["verdict"] == "passed"

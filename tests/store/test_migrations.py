@@ -5,12 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
+from alembic.config import Config
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect, select, text
 
 from apiary.store import Event, Job, make_engine, migrate, session_factory
-from apiary.store.models import Base
+from apiary.store.engine import MIGRATIONS
+from apiary.store.models import Base, Node
 
 HEAD = "0011"  # the newest Alembic revision
 
@@ -112,3 +115,25 @@ def test_sqlite_pragmas_for_durability(engine) -> None:
         assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
         assert conn.execute(text("PRAGMA synchronous")).scalar() == 2  # FULL
         assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
+
+
+def test_0011_carries_a_cordoned_node_over_as_an_admin_cordon_and_back(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path}/old.db")
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0010")
+        conn.execute(text("INSERT INTO nodes (name, address, gpus, simulated_gpus, healthy, cordoned) VALUES "
+                          "('n1', '127.0.0.1', 4, 1, 1, 1), ('n2', '127.0.0.1', 4, 1, 1, 0)"))
+    migrate(engine)
+    with session_factory(engine)() as s:
+        nodes = {n.name: n for n in s.scalars(select(Node))}
+        assert {name: n.cordoned for name, n in nodes.items()} == {"n1": True, "n2": False}
+        (c,) = nodes["n1"].cordons
+        assert (c.source, c.reason) == ("admin", "cordoned before cordons had reasons") and c.at > 0
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0010")
+        assert dict(conn.execute(text("SELECT name, cordoned FROM nodes")).tuples().all()) == {"n1": 1, "n2": 0}
+    engine.dispose()
