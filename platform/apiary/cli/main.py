@@ -370,7 +370,7 @@ def job_wait(job_id: str, timeout: float | None = typer.Option(None, "--timeout"
 # ---------------------------------------------------------------------- nodes / cluster
 @node_app.command("list")
 def node_list(as_json: bool = typer.Option(False, "--json", help="Print the nodes as JSON.")) -> None:
-    """List nodes; simulated GPUs are marked, and ``cordoned`` names who holds a cordon on each."""
+    """List nodes; simulated GPUs are marked, and the cordoned column names who holds a cordon on each."""
     try:
         nodes = _client().nodes()
     except ApiaryError as e:
@@ -453,8 +453,8 @@ def node_uncordon(
                                help="Whose cordon to remove: admin, alert:<name>, incident:<id>, drill:stress, ..."),
     every: bool = typer.Option(False, "--all", help="Remove every cordon, whoever set it."),
 ) -> None:
-    """Remove the admin's cordon from NODE (or ``--source``'s, or ``--all``); the node is schedulable
-    again once no cordon is left."""
+    """Remove the admin's cordon from NODE (or the --source's, or with --all every cordon); the node
+    is schedulable again once no cordon is left."""
     try:
         n = _client().cordon(node, False, source=source, all=every)
     except ApiaryError as e:
