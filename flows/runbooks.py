@@ -1,4 +1,4 @@
-"""Runbooks and the weekly alert-quality report as Prefect flows (issue 14), served by
+"""Runbooks and the weekly alert-quality report as Prefect flows, served by
 ``flows/serve.py``: ``runbook/gpu-node-repair``, ``runbook/node-drain`` (run by hand from the UI or
 the CLI, with the incident and node as parameters; an incident's diagnosis names its runbook) and
 ``alert-quality/weekly`` (Monday 08:00 UTC).

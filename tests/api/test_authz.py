@@ -1,4 +1,4 @@
-"""Who may call what: every route x every principal, and the seven holes of issue 10.
+"""Who may call what: every route x every principal, and the seven authorization holes it once had.
 
 The platform: Lab 6's two-VC cluster (VC ``default`` = hostname-carol, VC ``vc1`` = hostname-dan).
 Principals, each with a real token from :class:`apiary.auth.Directory`:

@@ -53,7 +53,8 @@ def api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[TestCl
     headers = {"anonymous": {}, "alice": bearer(p.user("alice")), "bob": bearer(p.user("bob")),
                "admin": bearer(p.admin()), "bridge": bearer(p.service("bridge")),
                "alertmanager": bearer(p.service("alertmanager")), "agent": bearer(p.agent("hostname-carol"))}
-    with TestClient(create_app(plane, AlertReceiver(plane, ActionsConfig(), notifiers={}), link_secret="test-secret")) as client:
+    app = create_app(plane, AlertReceiver(plane, ActionsConfig(), notifiers={}), link_secret="test-secret")
+    with TestClient(app) as client:
         client.app.state.incidents.config = ResponseConfig.parse(ALICE_ON_CALL)
         yield client, headers
     engine.dispose()

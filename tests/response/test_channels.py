@@ -1,4 +1,4 @@
-"""Notification channels and the dispatcher (issue 14, "Channels").
+"""Notification channels and the dispatcher.
 
 Email goes to a real SMTP server on loopback (aiosmtpd, the ``smtp`` fixture) and is read back
 from it. Slack, Teams and Twilio are local fakes on loopback (tests/support/fake_providers.py):

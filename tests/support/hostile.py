@@ -1,6 +1,6 @@
 """A corpus of hostile requests to Apiary's REST API, each with the 4xx it must get.
 
-Issue 10 ("Tenancy and security", bounded input): every request here is refused with a 4xx whose
+Bounded input: every request here is refused with a 4xx whose
 error body (``{"code", "message"[, "field"]}``) names the field or the limit (``names``), and the
 platform keeps serving. tests/api/test_hostile.py replays the corpus against a live app;
 ``make bench`` times the same requests against a live server with :func:`send`.

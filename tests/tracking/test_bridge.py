@@ -314,7 +314,7 @@ def test_output_of_running_instances_is_shipped_periodically(server, tmp_path):
     assert got["flow_runs"][0].state.type.value == "FAILED"
 
 
-# ---------------------------------------------------------------------- the state mapping (issue 9)
+# ---------------------------------------------------------------------------- the state mapping
 
 async def _run_of(api_url: str, job_id: str):
     got = await read_back(api_url, job_id)

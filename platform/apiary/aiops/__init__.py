@@ -1,4 +1,4 @@
-"""AIOps, measured (issue 14): anomaly detection over the platform's metrics and node-failure
+"""AIOps, measured: anomaly detection over the platform's metrics and node-failure
 prediction from precursors, trained and evaluated on the platform's own fault-injection drill runs.
 
 * :mod:`.samples`: :class:`Frame` (one observation of nodes, jobs and VCs) assembled from the

@@ -1,4 +1,4 @@
-"""Incidents and job-failure triage, the pure core (issue 14).
+"""Incidents and job-failure triage, the pure core.
 
 * :mod:`.model`: :class:`Severity` (PagerDuty's SEV levels, from Apiary's alert severities),
   :class:`IncidentState`, the append-only :class:`TimelineEntry` list, :class:`Links`,

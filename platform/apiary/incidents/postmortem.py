@@ -1,7 +1,7 @@
 """Postmortem drafts in Google SRE's shape, filled from an incident's timeline, editable as Markdown.
 
 Pure: no I/O, no clock (times come from the incident), no threads. Resolving a Sev1 or Sev2 incident
-drafts one (issue 14); people then edit the Markdown, and :func:`parse_action_items` reads the
+drafts one; people then edit the Markdown, and :func:`parse_action_items` reads the
 action-item table back so each item stays tracked (by its ``id``) until it is ``done``.
 
 The sections are those of the "Example Postmortem" of Google's SRE book (sre.google/sre-book/

@@ -1,4 +1,4 @@
-"""On-call, the pure core (issue 14): schedules, escalation policies and notification routing.
+"""On-call, the pure core: schedules, escalation policies and notification routing.
 
 * :mod:`.schedule`: rotation layers, restrictions and overrides (PagerDuty's model);
   :func:`on_call` and :func:`shifts`.

@@ -11,7 +11,7 @@ or the vendor):
 * An acknowledgement stops escalation. If ``ack_timeout_min`` is set and the incident is not
   resolved within that many minutes of the (latest) acknowledgement, it re-triggers and
   escalation restarts at tier 1 of the first loop, at ``ack + ack_timeout_min``. (PagerDuty
-  re-triggers the incident; Apiary's choice, per issue 14, is to restart from tier 1.)
+  re-triggers the incident; Apiary's choice is to restart from tier 1.)
 * Resolution is the caller's: a resolved incident is not asked about.
 
 Every function here is pure and deterministic in its arguments (the stored facts: the policy,

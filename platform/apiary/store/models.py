@@ -360,7 +360,7 @@ class CiRecord(Base):
 
 
 class IncidentRow(Base):
-    """One incident (issue 14; the pure model is :class:`apiary.incidents.Incident`). Its state is
+    """One incident (the pure model is :class:`apiary.incidents.Incident`). Its state is
     the last entry of ``incident_entries``; ``links`` (``{"nodes", "jobs", "users",
     "virtualClusters", "gpuHoursLost"}``) and ``fingerprints`` are the merged values. ``verdict``:
     the responder's ``actionable`` / ``noise`` at resolve (alert quality). ``postmortem``: the

@@ -1,4 +1,4 @@
-"""incidents, their timelines, escalations, notifications and postmortem action items (issue 14)
+"""incidents, their timelines, escalations, notifications and postmortem action items
 
 Revision ID: 0007
 Revises: 0006
