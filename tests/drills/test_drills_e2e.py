@@ -69,13 +69,15 @@ def test_the_stress_drill_flags_and_cordons_only_the_degraded_node(platform) -> 
         dan = next(r for r in outcome.rows if r["node"] == DAN)
         assert "matmul-below-baseline" in dan["failedRules"] and "simulated slowdown x10" in dan["note"]
         assert {n["name"]: n["cordoned"] for n in api.nodes()} == {CAROL: False, DAN: True}
+        (held,) = api.node(DAN)["cordons"]  # the drill's own cordon, its failed rules the reason
+        assert held["source"] == "drill:stress" and "matmul-below-baseline" in held["reason"]
         m = metrics(api)
         assert m[("apiary_drill_node_failed", (("node", DAN), ("rule", "matmul-below-baseline")))] == 1.0
         assert not [k for k in m if k[0] == "apiary_drill_node_failed" and ("node", CAROL) in k[1]]
         assert m[("apiary_drill_result", (("drill", "stress-drill"),))] == 0.0
     finally:
         api.inject_fault(DAN, 0, clear=True)
-        api.cordon(DAN, False)
+        api.cordon(DAN, False, all=True)
 
 
 def test_the_probe_passes_on_a_healthy_platform(platform) -> None:
