@@ -110,12 +110,15 @@ chain: ``cellChain`` is empty).
 
 One ``KubernetesBackend`` per ``state_dir`` and node at a time; thread-safe. :meth:`close` stops
 its threads (tests); an agent just exits.
+
+The code is in three modules: :mod:`apiary.runtime.k8s_pods` renders the pod and reads a run's end
+from one (pure), :mod:`apiary.runtime.k8s_client` makes the API calls, and this module tracks the
+runs. The pod's and the client's public names are re-exported here (``__all__``), so imports
+from ``apiary.runtime.kubernetes`` written before the split keep working.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import logging
 import math
@@ -124,49 +127,98 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import urllib3
-import yaml
-from kubernetes import client as k8s  # type: ignore[import-untyped, unused-ignore]
-from kubernetes import config as k8s_config  # type: ignore[import-untyped, unused-ignore]
 from kubernetes.client.exceptions import ApiException  # type: ignore[import-untyped, unused-ignore]
 
-from apiary.errors import PlatformError, UnavailableError, ValidationError
+from apiary.errors import PlatformError, ValidationError
 from apiary.runtime.base import LogStream, RuntimeBackend, TaskLaunch, TaskStatus
-from apiary.runtime.env import gpu_env
+from apiary.runtime.k8s_client import (
+    CHUNK,
+    ENV_KUBECONFIG,
+    TRANSPORT_ERRORS,
+    PodClient,
+    api_client_from_env,
+    api_message,
+    iter_lines,
+)
+from apiary.runtime.k8s_pods import (
+    ANNOTATION_JOB_ID,
+    ANNOTATION_RUN_ID,
+    CONTAINER,
+    EXIT_IMAGE_NOT_EXISTS,
+    EXIT_OOM_KILLED,
+    GPU_RESOURCE,
+    HIVED_BIND_INFO,
+    HIVED_LEAF_CELL_ISOLATION,
+    IMAGE_PULL_FAILURES,
+    LABEL_NODE,
+    LABEL_RUN_ID,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    NODE_LOSS_DISRUPTIONS,
+    PodExit,
+    build_pod,
+    container_gpu_env,
+    container_started,
+    container_state,
+    hived_bind_info,
+    k8s_probe,
+    label_value,
+    pod_exit,
+    pod_labels,
+    pod_name,
+    pull_secret,
+    started_at,
+)
 from apiary.runtime.records import read_json as _read_json
 from apiary.runtime.records import valid_run_id as _valid_run_id
 from apiary.runtime.records import write_atomic as _write_atomic
-from apiary.spec.probes import ExecAction, HTTPGetAction, ProbeSpec, probes_from_wire
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    # this module's
     "DEFAULT_IMAGE",
     "DEFAULT_NAMESPACE",
+    "ENV_NAMESPACE",
+    "LOG_DRAIN_S",
+    "KubernetesBackend",
+    # re-exported: the pod (apiary.runtime.k8s_pods)
+    "ANNOTATION_JOB_ID",
+    "ANNOTATION_RUN_ID",
+    "CONTAINER",
     "EXIT_IMAGE_NOT_EXISTS",
     "EXIT_OOM_KILLED",
-    "KubernetesBackend",
+    "GPU_RESOURCE",
+    "HIVED_BIND_INFO",
+    "HIVED_LEAF_CELL_ISOLATION",
+    "IMAGE_PULL_FAILURES",
+    "LABEL_NODE",
+    "LABEL_RUN_ID",
+    "MANAGED_BY",
+    "MANAGED_BY_LABEL",
+    "NODE_LOSS_DISRUPTIONS",
     "PodExit",
-    "api_client_from_env",
     "build_pod",
     "container_gpu_env",
     "hived_bind_info",
     "k8s_probe",
     "label_value",
     "pod_exit",
+    "pod_labels",
     "pod_name",
+    "pull_secret",
+    # re-exported: the API calls (apiary.runtime.k8s_client)
+    "ENV_KUBECONFIG",
+    "PodClient",
+    "api_client_from_env",
 ]
 
-#: OpenPAI exit spec -1200 UserContainerDockerOOMKilled (USER_FAILURE, PERMANENT, NEVER_RETRY).
-EXIT_OOM_KILLED = -1200
-#: OpenPAI exit spec 254 ContainerImageNotExists (USER_FAILURE, PERMANENT, NEVER_RETRY).
-EXIT_IMAGE_NOT_EXISTS = 254
 #: The code of a stopped run whose container had started but whose end the kubelet never
 #: confirmed: the kubelet SIGKILLs what outlives the grace period.
 _EXIT_KILLED = 137
@@ -175,388 +227,11 @@ DEFAULT_NAMESPACE = "apiary-jobs"
 #: The image of a task role whose job names no ``dockerImage`` prerequisite: Apiary's base image
 #: (``apiary image build-base``); push it to a registry the nodes pull from, or pass ``default_image``.
 DEFAULT_IMAGE = "apiary/base:bookworm"
-#: The task's container name.
-CONTAINER = "task"
-#: The extended resource of NVIDIA's device plugin.
-GPU_RESOURCE = "nvidia.com/gpu"
-ENV_KUBECONFIG = "APIARY_KUBECONFIG"
 ENV_NAMESPACE = "APIARY_K8S_NAMESPACE"
-
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MANAGED_BY = "apiary"
-_PREFIX = "apiary.io/"
-LABEL_RUN_ID = _PREFIX + "run-id"
-LABEL_NODE = _PREFIX + "node"
-ANNOTATION_RUN_ID = _PREFIX + "run-id"
-ANNOTATION_JOB_ID = _PREFIX + "job-id"
-#: HiveD's annotations (microsoft/hivedscheduler pkg/api/constants.go).
-HIVED_BIND_INFO = "hivedscheduler.microsoft.com/pod-bind-info"
-HIVED_LEAF_CELL_ISOLATION = "hivedscheduler.microsoft.com/pod-leaf-cell-isolation"
-
-#: Waiting reasons of a container whose image cannot be pulled (kubelet ``images`` package).
-IMAGE_PULL_FAILURES = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
-#: ``DisruptionTarget`` reasons that mean the node is gone (an unreachable node's NoExecute taint;
-#: the pod garbage collector removing pods of a deleted node).
-NODE_LOSS_DISRUPTIONS = frozenset({"DeletionByTaintManager", "DeletionByPodGC"})
 #: Seconds a run that ended waits for its log follower before it reads ``exited`` anyway.
 LOG_DRAIN_S = 10.0
 
-_DEFAULT_REGISTRY = "https://index.docker.io/v1/"
-_NAME_BODY_MAX = 63 - 1 - 8  # "<body>-<8 hex>" fits a DNS-1123 label
-_INVALID_NAME_CHARS = re.compile(r"[^a-z0-9-]+")
-_INVALID_LABEL_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
-_RETRYABLE_STATUS = frozenset({0, 408, 429, 500, 502, 503, 504})
-_TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, OSError)
-_CHUNK = 64 * 1024
-
-
-# ---------------------------------------------------------------------------------------------
-# Names, labels, the pod
-
-
-def pod_name(run_id: str) -> str:
-    """The pod name of ``run_id``: a DNS-1123 label (at most 63 characters of ``[a-z0-9-]``,
-    alphanumeric at both ends), ``<sanitized run id>-<first 8 hex of sha1(run id)>``.
-
-    ``alice~mnist.a0.train.0.t0`` -> ``alice-mnist-a0-train-0-t0-<hash>``. The hash is of the exact
-    run id, so ids that differ only in case or in ``~ . _`` get different names.
-    """
-    digest = hashlib.sha1(run_id.encode()).hexdigest()[:8]
-    body = _INVALID_NAME_CHARS.sub("-", run_id.lower()).strip("-")
-    body = re.sub("-{2,}", "-", body)[:_NAME_BODY_MAX].strip("-") or "run"
-    return f"{body}-{digest}"
-
-
-def label_value(text: str) -> str:
-    """``text`` as a valid Kubernetes label value: characters outside ``[A-Za-z0-9_.-]`` become
-    ``_``, at most 63 characters, alphanumeric at both ends (``""`` if nothing is left).
-    Lossy (``alice~mnist`` -> ``alice_mnist``): exact values go in annotations."""
-    value = _INVALID_LABEL_CHARS.sub("_", str(text))[:63]
-    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
-
-
-def container_gpu_env(gpus: Sequence[int]) -> dict[str, str]:
-    """GPU visibility inside the container: ``NVIDIA_VISIBLE_DEVICES`` = the host indices
-    (``"void"`` for none, as :func:`apiary.runtime.env.gpu_env`), ``CUDA_VISIBLE_DEVICES`` =
-    ``"0,...,n-1"`` (``""`` for none): CUDA renumbers the devices a container sees from 0.
-    Raises :class:`ValidationError` for a negative or non-integer index."""
-    env = gpu_env(gpus)
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
-    return env
-
-
-def hived_bind_info(node: str, gpus: Sequence[int], leaf_cells: Sequence[int], cell_chain: str = "") -> str:
-    """HiveD's ``PodBindInfo`` (microsoft/hivedscheduler ``pkg/api/types.go``) as YAML::
-
-        node: worker-1
-        leafCellIsolation: [2, 3]          # the GPU indices, as OpenPAI shows them
-        cellChain: ''                      # cell_chain: a TaskLaunch does not carry the chain
-        affinityGroupBindInfo:
-        - podPlacements:
-          - physicalNode: worker-1
-            physicalLeafCellIndices: [2, 3]  # the leaf cell indices (the GPUs when none are given)
-            preassignedCellTypes: []
-
-    ``leaf_cells``: the placement's leaf cell indices within the node
-    (:attr:`TaskLaunch.leaf_cells`). Only this pod's placement is listed: the agent does not know
-    where the gang's other members run.
-    """
-    info = {
-        "node": node,
-        "leafCellIsolation": [int(g) for g in gpus],
-        "cellChain": cell_chain,
-        "affinityGroupBindInfo": [{"podPlacements": [{
-            "physicalNode": node, "physicalLeafCellIndices": [int(c) for c in leaf_cells] or [int(g) for g in gpus],
-            "preassignedCellTypes": []}]}],
-    }
-    return yaml.safe_dump(info, sort_keys=False, default_flow_style=None)
-
-
-def _resolve_port(port: int | str, env: Mapping[str, str]) -> int | None:
-    """A probe's port: a number, or a port label resolved as the node agent's prober does
-    (the first port of ``PAI_CONTAINER_HOST_<label>_PORT_LIST``); None if unresolvable."""
-    if isinstance(port, int):
-        return port
-    first = env.get(f"PAI_CONTAINER_HOST_{port}_PORT_LIST", "").split(",")[0].strip()
-    return int(first) if first.isdigit() else None
-
-
-def k8s_probe(probe: ProbeSpec, env: Mapping[str, str], host_network: bool = True) -> Any:
-    """``probe`` (:class:`apiary.spec.probes.ProbeSpec`) as a ``kubernetes.client.V1Probe``.
-
-    ``exec`` -> ``exec.command`` (run in the container); ``httpGet`` -> ``httpGet`` (path, port,
-    scheme, headers); ``tcpSocket`` -> ``tcpSocket``; timings and thresholds as they are (the
-    same names and defaults). A port label is resolved to its number from ``env``. ``host`` is kept
-    with ``host_network`` (the kubelet probes from the node, whose loopback is then the pod's);
-    without it a loopback host is dropped, so the kubelet probes the pod IP. Returns None when a
-    port label cannot be resolved (logged).
-    """
-    action = probe.action
-    kwargs: dict[str, Any] = {
-        "initial_delay_seconds": probe.initial_delay_seconds,
-        "period_seconds": probe.period_seconds,
-        "timeout_seconds": probe.timeout_seconds,
-        "success_threshold": probe.success_threshold,
-        "failure_threshold": probe.failure_threshold,
-    }
-    if isinstance(action, ExecAction):
-        return k8s.V1Probe(_exec=k8s.V1ExecAction(command=list(action.command)), **kwargs)
-    port = _resolve_port(action.port, env)
-    if port is None:
-        logger.error("probe %s left out: port label %r has no port in the task's environment",
-                     probe.describe(), action.port)
-        return None
-    host = action.host if host_network or action.host not in _LOOPBACK else None
-    if isinstance(action, HTTPGetAction):
-        headers = [k8s.V1HTTPHeader(name=h.name, value=h.value) for h in action.http_headers or []]
-        return k8s.V1Probe(http_get=k8s.V1HTTPGetAction(
-            path=action.path, port=port, host=host, scheme=action.scheme, http_headers=headers or None), **kwargs)
-    return k8s.V1Probe(tcp_socket=k8s.V1TCPSocketAction(port=port, host=host), **kwargs)
-
-
-def _cpu_quantity(cores: float) -> str:
-    """Cores as a Kubernetes quantity: ``4`` -> ``"4"``, ``0.5`` -> ``"500m"``."""
-    milli = round(cores * 1000)
-    return str(milli // 1000) if milli % 1000 == 0 else f"{milli}m"
-
-
-def pod_labels(task: TaskLaunch, node: str) -> dict[str, str]:
-    """The pod's labels (values sanitized by :func:`label_value`)."""
-    return {
-        MANAGED_BY_LABEL: MANAGED_BY,
-        LABEL_RUN_ID: label_value(task.run_id),
-        _PREFIX + "job": label_value(task.job_id),
-        _PREFIX + "user": label_value(task.user),
-        _PREFIX + "virtual-cluster": label_value(task.virtual_cluster),
-        _PREFIX + "task-role": label_value(task.task_role),
-        _PREFIX + "task-index": str(int(task.index)),
-        LABEL_NODE: label_value(node),
-    }
-
-
-def build_pod(task: TaskLaunch, *, node: str, namespace: str, image: str, host_network: bool = True,
-              gpu_resource: str | None = GPU_RESOURCE) -> Any:
-    """The ``kubernetes.client.V1Pod`` that runs ``task`` on ``node`` (see the module doc).
-
-    ``image``: the image to run (the caller resolves ``task.image`` or its default).
-    ``gpu_resource``: the extended resource limited to ``len(task.gpus)``; None requests none.
-    Probes that do not parse, or whose port cannot be resolved, are left out (logged): a bad
-    probe never blocks the task. Raises :class:`ValidationError` for bad ``gpus``.
-    """
-    name = pod_name(task.run_id)
-    env = dict(task.env)
-    env.update(container_gpu_env(task.gpus))
-    limits: dict[str, str] = {}
-    requests: dict[str, str] = {}
-    if task.gpus and gpu_resource:
-        limits[gpu_resource] = str(len(task.gpus))
-    if task.cpu and task.cpu > 0:
-        requests["cpu"] = limits["cpu"] = _cpu_quantity(task.cpu)
-    if task.memory_mb and task.memory_mb > 0:
-        requests["memory"] = limits["memory"] = f"{int(task.memory_mb)}Mi"
-    try:
-        liveness, readiness = probes_from_wire(task.probes)
-    except ValidationError as exc:
-        logger.error("run=%s probes left out: %s", task.run_id, exc.message)
-        liveness = readiness = None
-    ports: list[Any] = []
-    seen: set[int] = set()
-    for label, count in sorted(task.ports.items()):
-        raw = env.get(f"PAI_CONTAINER_HOST_{label}_PORT_LIST", "")
-        numbers = [int(p) for p in raw.split(",") if p.strip().isdigit()][: max(0, int(count))]
-        for number in numbers:
-            if number not in seen:
-                seen.add(number)
-                ports.append(k8s.V1ContainerPort(container_port=number, host_port=number if host_network else None,
-                                                 protocol="TCP"))
-    container = k8s.V1Container(
-        name=CONTAINER,
-        image=image,
-        command=["/bin/sh", "-c", "set -e\n" + "".join(f"{cmd}\n" for cmd in task.commands)],
-        env=[k8s.V1EnvVar(name=k, value=v) for k, v in sorted(env.items())],
-        resources=k8s.V1ResourceRequirements(limits=limits or None, requests=requests or None),
-        ports=ports or None,
-        liveness_probe=k8s_probe(liveness, env, host_network) if liveness else None,
-        readiness_probe=k8s_probe(readiness, env, host_network) if readiness else None,
-    )
-    annotations = {
-        ANNOTATION_RUN_ID: task.run_id,
-        ANNOTATION_JOB_ID: task.job_id,
-        HIVED_BIND_INFO: hived_bind_info(node, task.gpus, task.leaf_cells),
-        HIVED_LEAF_CELL_ISOLATION: ",".join(str(g) for g in task.gpus),
-    }
-    spec = k8s.V1PodSpec(
-        node_name=node,
-        restart_policy="Never",
-        containers=[container],
-        host_network=True if host_network else None,
-        dns_policy="ClusterFirstWithHostNet" if host_network else None,
-        enable_service_links=False,
-        image_pull_secrets=[k8s.V1LocalObjectReference(name=name)] if task.image_auth else None,
-    )
-    meta = k8s.V1ObjectMeta(name=name, namespace=namespace, labels=pod_labels(task, node), annotations=annotations)
-    return k8s.V1Pod(api_version="v1", kind="Pod", metadata=meta, spec=spec)
-
-
-def pull_secret(auth: Mapping[str, str], name: str, namespace: str, labels: Mapping[str, str]) -> Any:
-    """A ``kubernetes.io/dockerconfigjson`` ``V1Secret`` named ``name`` holding ``auth``
-    (``username``, ``password``, ``registryuri``; Docker Hub when no registry is given)."""
-    user, password = auth.get("username", ""), auth.get("password", "")
-    registry = auth.get("registryuri") or _DEFAULT_REGISTRY
-    token = base64.b64encode(f"{user}:{password}".encode()).decode()
-    config = {"auths": {registry: {"username": user, "password": password, "auth": token}}}
-    return k8s.V1Secret(
-        api_version="v1", kind="Secret", type="kubernetes.io/dockerconfigjson",
-        metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, labels=dict(labels)),
-        data={".dockerconfigjson": base64.b64encode(json.dumps(config).encode()).decode()},
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading a pod
-
-
-def _parse_time(text: object) -> float | None:
-    """An RFC 3339 timestamp (``2026-11-25T19:40:01Z``) as unix seconds; None if absent or bad."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def _container_state(pod: Mapping[str, Any]) -> dict[str, Any]:
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    for cs in statuses:
-        if cs.get("name") == CONTAINER:
-            return cs.get("state") or {}
-    return (statuses[0].get("state") or {}) if statuses else {}
-
-
-def _started_at(pod: Mapping[str, Any]) -> float | None:
-    state = _container_state(pod)
-    return _parse_time((state.get("running") or state.get("terminated") or {}).get("startedAt"))
-
-
-def _container_started(pod: Mapping[str, Any]) -> bool:
-    state = _container_state(pod)
-    return "running" in state or "terminated" in state
-
-
-@dataclass(frozen=True)
-class PodExit:
-    """How a pod ended, as :func:`pod_exit` reads it.
-
-    ``exit_code``: the code to report, None with ``lost``. ``lost``: ended without a recorded exit
-    code. ``started_at`` / ``finished_at``: unix seconds or None. ``reason``: a short text for
-    logs. ``delete``: the pod must be deleted (an image that cannot be pulled).
-    """
-
-    exit_code: int | None
-    lost: bool
-    started_at: float | None
-    finished_at: float | None
-    reason: str
-    delete: bool = False
-
-
-def pod_exit(pod: Mapping[str, Any], *, deleted: bool = False) -> PodExit | None:
-    """The end of the run in ``pod`` (the API's JSON of a Pod), or None while it still runs.
-
-    In order: a terminated container gives its ``exitCode`` (-1200 for ``OOMKilled``); a container
-    waiting for an image that cannot be pulled gives 254 (``delete``); a pod whose node is lost
-    (phase ``Failed`` reason ``NodeLost``; ``DisruptionTarget`` by the taint manager or the pod GC),
-    a pod ``Failed``/``Succeeded`` without a container exit code, or one ``deleted`` from the API
-    gives ``lost``. Sources: Kubernetes' pod lifecycle documentation and OpenPAI's exit spec.
-    """
-    status = pod.get("status") or {}
-    state = _container_state(pod)
-    started = _started_at(pod)
-    terminated = state.get("terminated") or {}
-    if terminated.get("exitCode") is not None:
-        code = int(terminated["exitCode"])
-        reason = str(terminated.get("reason") or "")
-        if reason == "OOMKilled":
-            code = EXIT_OOM_KILLED
-        finished = _parse_time(terminated.get("finishedAt")) or time.time()
-        return PodExit(code, False, started, finished, reason or f"exit {code}")
-    waiting = state.get("waiting") or {}
-    if waiting.get("reason") in IMAGE_PULL_FAILURES:
-        reason = f"{waiting['reason']}: {waiting.get('message') or 'the image cannot be pulled'}"
-        return PodExit(EXIT_IMAGE_NOT_EXISTS, False, None, time.time(), reason, delete=True)
-    phase = status.get("phase")
-    if phase == "Failed" and status.get("reason") == "NodeLost":
-        return PodExit(None, True, started, None, f"NodeLost: {status.get('message') or ''}".strip())
-    for cond in status.get("conditions") or []:
-        if (cond.get("type") == "DisruptionTarget" and cond.get("status") == "True"
-                and cond.get("reason") in NODE_LOSS_DISRUPTIONS):
-            return PodExit(None, True, started, None, f"{cond['reason']}: {cond.get('message') or ''}".strip())
-    if phase in ("Failed", "Succeeded"):
-        return PodExit(None, True, started, None, f"pod {phase} without an exit code: {status.get('reason') or ''}")
-    if deleted:
-        return PodExit(None, True, started, None, "pod deleted before its container recorded an exit code")
-    return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Client configuration
-
-
-def api_client_from_env(kubeconfig: str | Path | None = None, context: str | None = None) -> Any:
-    """A ``kubernetes.client.ApiClient`` for a real cluster.
-
-    ``kubeconfig`` (a path), else ``$APIARY_KUBECONFIG``; else, inside a pod
-    (``KUBERNETES_SERVICE_HOST`` set), the service account's in-cluster configuration; else the
-    client's default (``$KUBECONFIG`` or ``~/.kube/config``). ``context``: a kubeconfig context
-    (default: the current one). Raises :class:`PlatformError` when no configuration loads.
-    """
-    path = kubeconfig or os.environ.get(ENV_KUBECONFIG)
-    cfg = k8s.Configuration()
-    try:
-        if path:
-            k8s_config.load_kube_config(config_file=str(Path(path).expanduser()), context=context,
-                                        client_configuration=cfg, persist_config=False)
-        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-            k8s_config.load_incluster_config(client_configuration=cfg)
-        else:
-            k8s_config.load_kube_config(context=context, client_configuration=cfg, persist_config=False)
-    except (k8s_config.ConfigException, OSError, ValueError, TypeError) as exc:
-        raise PlatformError(
-            f"no Kubernetes configuration ({exc}); set {ENV_KUBECONFIG} to a kubeconfig file or run in a pod"
-        ) from exc
-    return k8s.ApiClient(cfg)
-
-
-# ---------------------------------------------------------------------------------------------
-# The backend
-
-
-
-
-def _api_message(exc: Any) -> str:
-    """The ``message`` of a Kubernetes ``Status`` body, else the HTTP reason."""
-    try:
-        body = json.loads(exc.body) if exc.body else {}
-    except (TypeError, ValueError):
-        body = {}
-    return str(body.get("message") or exc.reason or "") if isinstance(body, dict) else str(exc.reason or "")
-
-
-def _iter_lines(resp: Any) -> Iterator[bytes]:
-    """The lines of a streamed response (a watch), as they arrive."""
-    buffer = b""
-    while True:
-        data = resp.read1(_CHUNK)
-        if not data:
-            break
-        buffer += data
-        *lines, buffer = buffer.split(b"\n")
-        yield from (line for line in lines if line.strip())
-    if buffer.strip():
-        yield buffer
 
 
 class _Expired(Exception):
@@ -646,11 +321,9 @@ class KubernetesBackend(RuntimeBackend):
             raise PlatformError(f"cannot create runtime state dir {self.state_dir}: {exc}") from exc
         self._own_client = api_client is None
         self._api = api_client if api_client is not None else api_client_from_env(kubeconfig)
-        self._core = k8s.CoreV1Api(self._api)
-        self._timeout = (request_timeout_s, request_timeout_s)
+        # Every API call goes through the client; this class keeps the runs' state.
+        self._client = PodClient(self._api, namespace=namespace, node=node, request_timeout_s=request_timeout_s)
         self._watch_timeout_s = max(1, int(watch_timeout_s))
-        self._label_selector = f"{MANAGED_BY_LABEL}={MANAGED_BY},{LABEL_NODE}={label_value(node)}"
-        self._field_selector = f"spec.nodeName={node}"
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._closed = threading.Event()
@@ -733,13 +406,13 @@ class KubernetesBackend(RuntimeBackend):
             if deleted:
                 return actions
             if run.forgotten:
-                actions.append(lambda: self._delete_pod(run.pod_name, None))  # left by a failed forget()
-            elif run.log_thread is None and not run.log_done and _container_started(pod):
+                actions.append(lambda: self._client.delete_pod(run.pod_name, None))  # left by a failed forget()
+            elif run.log_thread is None and not run.log_done and container_started(pod):
                 actions.append(lambda: self._start_log_follower(run))  # an earlier agent died mid-log
             return actions
         if not deleted:
             run.pod = pod
-        if _container_started(pod):
+        if container_started(pod):
             run.started = True
             if run.log_thread is None and not run.log_done:
                 actions.append(lambda: self._start_log_follower(run))
@@ -757,7 +430,7 @@ class KubernetesBackend(RuntimeBackend):
             run.drain_cut = True  # a lost pod's log cannot be read any more: report the loss at once
         if end.delete and not deleted:
             self._append_log(run, f"[apiary] {end.reason}\n")
-            actions.append(lambda: self._delete_pod(run.pod_name, 0))
+            actions.append(lambda: self._client.delete_pod(run.pod_name, 0))
         return actions
 
     def _finish(self, run: _Run, final: _Final) -> None:
@@ -789,23 +462,11 @@ class KubernetesBackend(RuntimeBackend):
             except ApiException as exc:
                 # Its status and message only: str(exc) carries the whole response body, which
                 # may quote the pod spec the call sent (env values, the job's secrets).
-                logger.warning("kubernetes call failed: %s %s", exc.status, _api_message(exc))
-            except (PlatformError, *_TRANSPORT_ERRORS) as exc:
+                logger.warning("kubernetes call failed: %s %s", exc.status, api_message(exc))
+            except (PlatformError, *TRANSPORT_ERRORS) as exc:
                 logger.warning("kubernetes call failed: %s", exc)
 
     # -- list and watch ----------------------------------------------------------------------
-
-    def _error(self, what: str, exc: BaseException) -> PlatformError:
-        """The Apiary error for a failed API call: UnavailableError for "try again" (unreachable,
-        timeouts, 429, 5xx), PlatformError for a refusal."""
-        if isinstance(exc, ApiException):
-            status = int(exc.status or 0)
-            message = _api_message(exc)
-            if status in _RETRYABLE_STATUS:
-                return UnavailableError(f"{what}: the Kubernetes API answered {status}: {message}")
-            return PlatformError(f"{what}: the Kubernetes API refused ({status}): {message}")
-        return UnavailableError(f"{what}: the Kubernetes API server {self._api.configuration.host} "
-                                f"is unreachable: {exc}")
 
     def _resync(self) -> None:
         """List this node's pods, reconcile the cache with them and remember the list's version.
@@ -814,13 +475,7 @@ class KubernetesBackend(RuntimeBackend):
         before the list started) end. Raises UnavailableError / PlatformError.
         """
         started = time.monotonic()
-        try:
-            resp = self._core.list_namespaced_pod(
-                self.namespace, label_selector=self._label_selector, field_selector=self._field_selector,
-                _preload_content=False, _request_timeout=self._timeout)
-            body = json.loads(resp.data)
-        except (ApiException, *_TRANSPORT_ERRORS, ValueError) as exc:
-            raise self._error(f"list pods of node {self.node}", exc) from exc
+        body = self._client.list_pods()
         actions: list[Callable[[], None]] = []
         with self._lock:
             present: set[str] = set()
@@ -840,11 +495,7 @@ class KubernetesBackend(RuntimeBackend):
     def _watch_once(self) -> None:
         """One watch request from ``self._rv``, applied event by event until the server ends it.
         Raises :class:`_Expired` on 410, ApiException / transport errors otherwise."""
-        resp = self._core.list_namespaced_pod(
-            self.namespace, label_selector=self._label_selector, field_selector=self._field_selector,
-            watch=True, resource_version=self._rv, allow_watch_bookmarks=True,
-            timeout_seconds=self._watch_timeout_s, _preload_content=False,
-            _request_timeout=(self._timeout[0], self._watch_timeout_s + 30))
+        resp = self._client.watch_pods(self._rv, self._watch_timeout_s)
         with self._lock:
             self.watches += 1
             self._watch_resp = resp
@@ -853,7 +504,7 @@ class KubernetesBackend(RuntimeBackend):
                 self._watch_resp = None
                 return
         try:
-            for line in _iter_lines(resp):
+            for line in iter_lines(resp):
                 if self._closed.is_set():
                     return
                 event = json.loads(line)
@@ -901,10 +552,10 @@ class KubernetesBackend(RuntimeBackend):
                     with self._lock:
                         self._rv = None
                     continue
-                logger.warning("node=%s watch failed: %s", self.node, self._error("watch pods", exc))
+                logger.warning("node=%s watch failed: %s", self.node, self._client.error("watch pods", exc))
                 self._closed.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
-            except (PlatformError, *_TRANSPORT_ERRORS, ValueError) as exc:
+            except (PlatformError, *TRANSPORT_ERRORS, ValueError) as exc:
                 if self._closed.is_set():
                     return
                 logger.warning("node=%s watch interrupted: %s", self.node, exc)
@@ -930,23 +581,21 @@ class KubernetesBackend(RuntimeBackend):
         try:
             while not self._closed.is_set():
                 with self._lock:
-                    ended_before = run.final is not None or "terminated" in _container_state(run.pod or {})
+                    ended_before = run.final is not None or "terminated" in container_state(run.pod or {})
                     if run.forgotten or (run.final_mono is not None
                                          and time.monotonic() > run.final_mono + LOG_DRAIN_S):
                         return
                 skip = path.stat().st_size if path.exists() else 0
                 complete = False
                 try:
-                    resp = self._core.read_namespaced_pod_log(
-                        run.pod_name, self.namespace, container=CONTAINER, follow=True, _preload_content=False,
-                        _request_timeout=(self._timeout[0], 300))
+                    resp = self._client.follow_log(run.pod_name)
                     with self._lock:
                         run.log_resp = resp
                         if self._closed.is_set():  # close() ran before it could see this response
                             return
                     with open(path, "ab") as out:
                         while True:
-                            data = resp.read1(_CHUNK)
+                            data = resp.read1(CHUNK)
                             if not data:
                                 break
                             if skip:  # a reconnect re-reads the log from its start
@@ -963,7 +612,7 @@ class KubernetesBackend(RuntimeBackend):
                     logger.debug("run=%s log not readable yet: %s", run.run_id, exc.status)
                     self._closed.wait(backoff)
                     backoff = min(backoff * 2, 2.0)
-                except _TRANSPORT_ERRORS as exc:
+                except TRANSPORT_ERRORS as exc:
                     logger.debug("run=%s log stream broken: %s", run.run_id, exc)
                     self._closed.wait(backoff)
                     backoff = min(backoff * 2, 2.0)
@@ -1025,50 +674,26 @@ class KubernetesBackend(RuntimeBackend):
             self._runs[task.run_id] = run
         try:
             if task.image_auth:
-                self._put_secret(pull_secret(task.image_auth, name, self.namespace, pod_labels(task, self.node)))
-            resp = self._core.create_namespaced_pod(self.namespace, pod, _preload_content=False,
-                                                    _request_timeout=self._timeout)
-            created = json.loads(resp.data)
-        except ApiException as exc:
-            if exc.status != 409:
-                self._abandon(run, task)
-                raise self._error(f"create pod {name} for {task.run_id}", exc) from exc
-            try:
-                created = self._existing_pod(task.run_id, name)
-            except PlatformError:
-                self._abandon(run, task)
-                raise
-        except (*_TRANSPORT_ERRORS, ValueError, PlatformError) as exc:
+                self._client.put_secret(pull_secret(task.image_auth, name, self.namespace, pod_labels(task, self.node)))
+            created = self._client.create_pod(task.run_id, pod)  # a 409 adopts the pod if it is this run's
+        except PlatformError:
             self._abandon(run, task)
-            if isinstance(exc, PlatformError):
-                raise
-            raise self._error(f"create pod {name} for {task.run_id}", exc) from exc
+            raise
+        except ValueError as exc:  # the client refused a value before sending the secret (ApiValueError)
+            self._abandon(run, task)
+            raise self._client.error(f"create pod {name} for {task.run_id}", exc) from exc
         logger.info("run=%s pod=%s node=%s namespace=%s created", task.run_id, name, self.node, self.namespace)
         with self._lock:
             run.created_mono = time.monotonic()
             actions = self._apply(run, created, deleted=False) if run.pod is None else []
             if run.stop is not None and run.final is None:  # stop() ran while the create was in flight
                 grace = int(math.ceil(float(run.stop.get("grace_s", 0))))
-                actions.append(lambda: self._delete_pod(name, grace))
+                actions.append(lambda: self._client.delete_pod(name, grace))
             status = self._status_of(run)
         if task.image_auth:
-            self._own_secret(name, created)
+            self._client.own_secret(name, created)
         self._run_actions(actions)
         return status
-
-    def _existing_pod(self, run_id: str, name: str) -> dict[str, Any]:
-        """The pod a 409 says exists, if it is ``run_id``'s (else PlatformError)."""
-        try:
-            resp = self._core.read_namespaced_pod(name, self.namespace, _preload_content=False,
-                                                  _request_timeout=self._timeout)
-            existing = json.loads(resp.data)
-        except (ApiException, *_TRANSPORT_ERRORS, ValueError) as exc:
-            raise self._error(f"read pod {name} of {run_id}", exc) from exc
-        owner = ((existing.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_RUN_ID)
-        if owner != run_id:
-            raise PlatformError(f"pod {name} exists in namespace {self.namespace} but runs {owner!r}, not {run_id}")
-        logger.info("run=%s pod=%s existed already: adopted", run_id, name)
-        return dict(existing)
 
     def _abandon(self, run: _Run, task: TaskLaunch) -> None:
         """Undo a launch whose create failed: drop the record (unless the watch saw the pod after
@@ -1079,59 +704,7 @@ class KubernetesBackend(RuntimeBackend):
             self._runs.pop(run.run_id, None)
             shutil.rmtree(run.dir, ignore_errors=True)
         if task.image_auth:
-            self._run_actions([lambda: self._delete_secret(run.pod_name)])
-
-    def _put_secret(self, secret: Any) -> None:
-        name = secret.metadata.name
-        try:
-            self._core.create_namespaced_secret(self.namespace, secret, _preload_content=False,
-                                                _request_timeout=self._timeout)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise self._error(f"create pull secret {name}", exc) from exc
-            try:  # left by an earlier try of this run: refresh its credentials
-                self._core.patch_namespaced_secret(name, self.namespace, {"data": secret.data},
-                                                   _preload_content=False, _request_timeout=self._timeout)
-            except (ApiException, *_TRANSPORT_ERRORS) as exc2:
-                raise self._error(f"update pull secret {name}", exc2) from exc2
-        except _TRANSPORT_ERRORS as exc:
-            raise self._error(f"create pull secret {name}", exc) from exc
-
-    def _own_secret(self, name: str, pod: Mapping[str, Any]) -> None:
-        """Make the pod the owner of its pull secret, so Kubernetes' garbage collector deletes the
-        secret with the pod whoever deletes it (best effort: Apiary deletes it too)."""
-        uid = (pod.get("metadata") or {}).get("uid")
-        if not uid:
-            return
-        patch = {"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}]}}
-        try:
-            self._core.patch_namespaced_secret(name, self.namespace, patch, _preload_content=False,
-                                               _request_timeout=self._timeout)
-        except (ApiException, *_TRANSPORT_ERRORS) as exc:
-            logger.warning("pull secret %s not owned by its pod: %s", name, exc)
-
-    def _delete_pod(self, name: str, grace_s: int | None) -> None:
-        """Delete pod ``name`` (and its pull secret); a pod already gone is fine. Raises
-        UnavailableError / PlatformError."""
-        try:
-            self._core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=grace_s,
-                                             _preload_content=False, _request_timeout=self._timeout)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise self._error(f"delete pod {name}", exc) from exc
-        except _TRANSPORT_ERRORS as exc:
-            raise self._error(f"delete pod {name}", exc) from exc
-        self._delete_secret(name)
-
-    def _delete_secret(self, name: str) -> None:
-        try:
-            self._core.delete_namespaced_secret(name, self.namespace, _preload_content=False,
-                                                _request_timeout=self._timeout)
-        except ApiException as exc:
-            if exc.status != 404:
-                logger.warning("pull secret %s not deleted: %s", name, _api_message(exc))
-        except _TRANSPORT_ERRORS as exc:
-            logger.warning("pull secret %s not deleted: %s", name, exc)
+            self._run_actions([lambda: self._client.delete_secret(run.pod_name)])
 
     def _draining(self, run: _Run) -> bool:
         """The run ended but its log follower may still be writing (lock held)."""
@@ -1146,7 +719,7 @@ class KubernetesBackend(RuntimeBackend):
                 started_at=final.get("started_at"), finished_at=final.get("finished_at"),
                 lost=bool(final.get("lost")), stopped=bool(final.get("stopped")),
             )
-        started = final.get("started_at") if final is not None else (_started_at(run.pod) if run.pod else None)
+        started = final.get("started_at") if final is not None else (started_at(run.pod) if run.pod else None)
         return TaskStatus(run_id=run.run_id, state="running", exit_code=None, pid=None, started_at=started,
                           finished_at=None)
 
@@ -1204,13 +777,13 @@ class KubernetesBackend(RuntimeBackend):
             in_flight = run.created_mono is None
         logger.info("run=%s pod=%s node=%s stop grace_s=%s", run_id, run.pod_name, self.node, grace_s)
         if not in_flight:  # else launch() deletes it once its create returns
-            self._delete_pod(run.pod_name, int(math.ceil(max(0.0, grace_s))))
+            self._client.delete_pod(run.pod_name, int(math.ceil(max(0.0, grace_s))))
         with self._changed:
             self._changed.wait_for(lambda: run.final is not None and not self._draining(run),
                                    timeout=max(0.0, deadline - time.monotonic()))
             if run.final is None:
                 self._finish(run, _Final(_EXIT_KILLED if run.started else None, False, True,
-                                         _started_at(run.pod) if run.pod else None, time.time(),
+                                         started_at(run.pod) if run.pod else None, time.time(),
                                          "stop: the pod's end was not confirmed within the grace period"))
             run.drain_cut = True
 
@@ -1236,7 +809,7 @@ class KubernetesBackend(RuntimeBackend):
                 (run.dir / "forgotten").touch()
             except OSError as exc:
                 logger.warning("run=%s cannot record that it was forgotten: %s", run_id, exc)
-        self._run_actions([lambda: self._delete_pod(run.pod_name, None)])
+        self._run_actions([lambda: self._client.delete_pod(run.pod_name, None)])
 
     def close(self) -> None:
         """Stop the watch and log threads (open streams are shut down) and close the client this
