@@ -61,6 +61,8 @@ def test_an_incident_s_undo_leaves_an_admin_s_cordon_in_place(client: TestClient
     assert incident_action(client, incident, "cordon-node")["result"] == "ok"
     assert held(client) == {"admin": "fan replaced, burn-in first",
                             f"incident:{incident}": f"incident {incident}: GPU fell off the bus"}
+    by = {c["source"]: c["by"] for c in node_of(client)["cordons"]}
+    assert by[f"incident:{incident}"] == "root"  # the responder who ran the action
     undo = incident_action(client, incident, "uncordon-node")
     assert undo["result"] == "ok" and "still cordoned by admin" in undo["detail"]
     n = node_of(client)

@@ -239,6 +239,28 @@ def test_an_abort_stops_the_work_and_rolls_back_what_it_cordoned() -> None:
     assert api.cordons == [("dan", True), ("dan", False)] and g.result == "stopped early"
 
 
+def test_an_abort_lifts_only_the_cordons_set_during_the_drill_each_by_its_source() -> None:
+    """A chaos cordon set during the drill is lifted by its own source; an admin's cordon from
+    before the drill, on the same node, stays."""
+    api = FakeApi(quick, nodes=[node("carol"), node("dan")])
+    held = {"dan": [{"source": "admin", "reason": "fan swap"}]}
+    api._nodes[1]["cordoned"], api._nodes[1]["cordons"] = True, held["dan"]
+    entered = threading.Event()
+
+    def work(abort: threading.Event) -> str:
+        held["dan"].append({"source": "chaos:cordon_node", "reason": "experiment"})  # the experiment's doing
+        entered.set()
+        assert abort.wait(30), "the guard never aborted"
+        return "stopped early"
+
+    cfg = GuardConfig(max_probe_failures=0, interval_s=0.01, grace_s=30)
+    g = guarded(work, api, cfg, image=IMAGE, prober=prober(True, False))
+    assert entered.is_set() and g.aborted
+    assert g.rolled_back == ["uncordoned dan (chaos:cordon_node)"]
+    assert api.cordon_calls == [{"node": "dan", "value": False, "reason": None, "source": "chaos:cordon_node",
+                                 "all": False}]
+
+
 def test_work_that_ends_within_its_budget_is_not_aborted() -> None:
     g = guarded(lambda abort: 42, FakeApi(quick, nodes=[]), GuardConfig(interval_s=3600), image=IMAGE,
                 prober=prober(True))

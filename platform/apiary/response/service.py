@@ -232,7 +232,8 @@ class IncidentService:
         self.pipeline.check(action)
         incident = self.store.get(incident_id) if incident_id is not None else None
         paged = incident is not None and self.store.row(incident.id)["policy"] is not None
-        run = self.pipeline.run(action, target, alert=alert, incident=incident, message=message, on_call_paged=paged)
+        run = self.pipeline.run(action, target, alert=alert, incident=incident, message=message, on_call_paged=paged,
+                                actor=actor)
         if run is None:
             return None
         if incident is not None:
