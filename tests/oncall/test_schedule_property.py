@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from apiary.oncall import Layer, Override, Restriction, Schedule, on_call, shifts
-from apiary.oncall._common import Weekday
+from apiary.oncall.common import Weekday
 
 # Zones with 1 h, 30 min and no DST changes, north and south, and one with a 30-min offset.
 ZONES = ["Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata", "UTC", "America/Sao_Paulo"]

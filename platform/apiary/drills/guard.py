@@ -13,8 +13,9 @@ deviates beyond a bound; the guard does the same for the chaos and load drills:
   ``max_probe_failures`` failed rounds; one more, or any disrupted guaranteed job unless the
   experiment allows it (``allow_disruption``), trips the breaker.
 * **Abort** = the drill's ``abort`` event is set (the runner stops early when it can), the guard
-  rolls back what the platform shows of the drill (each cordon set since it started is
-  lifted, by its source, so cordons older than the drill stay) and calls the drill's own ``rollback``, then waits ``grace_s`` for the runner.
+  rolls back what the platform shows of the drill (each cordon set since it started is lifted,
+  by its source, so cordons older than the drill stay) and calls the drill's own ``rollback``,
+  then waits ``grace_s`` for the runner.
 
 The guard's probes are opportunistic jobs like the inspection's: they never take capacity from
 a guaranteed job. Its decisions are logged and returned (:class:`Guarded`) for the drill's report.

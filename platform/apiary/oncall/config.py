@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import model_validator
 
-from apiary.oncall._common import FieldError, OncallModel, parse_model, parse_yaml
+from apiary.oncall.common import FieldError, OncallModel, parse_model, parse_yaml
 from apiary.oncall.escalation import Policy
 from apiary.oncall.routing import DEFAULT_ROUTING, Routing
 from apiary.oncall.schedule import Schedule

@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from apiary.oncall._common import FieldError, OncallModel, parse_model, parse_yaml, utc
+from apiary.oncall.common import FieldError, OncallModel, parse_model, parse_yaml, utc
 from apiary.oncall.schedule import Schedule, on_call
 
 __all__ = [

@@ -37,7 +37,7 @@ from zoneinfo import ZoneInfo
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from apiary.oncall._common import (
+from apiary.oncall.common import (
     FieldError,
     LocalTime,
     OncallModel,

@@ -12,7 +12,7 @@ the choices PagerDuty leaves open written down here):
   change is 23 h or 25 h long. Weekly: every week on ``handoff_day`` at ``handoff``. Custom:
   every ``turn_length_h`` hours of wall-clock time from ``start`` (12 h turns starting 09:00 stay
   09:00 / 21:00 all year). A handoff at a time the clock skips (02:30 at spring forward) happens
-  when the clock jumps; at a time it shows twice, the first time (:func:`apiary.oncall._common.to_instant`).
+  when the clock jumps; at a time it shows twice, the first time (:func:`apiary.oncall.common.to_instant`).
 * ``restrictions`` limit *when* a layer is on call (PagerDuty's "restrict on-call shifts", e.g.
   weekdays 09:00-18:00): outside every window the layer has nobody. The rotation keeps turning
   behind the restriction; it is masked, not paused.
@@ -38,7 +38,7 @@ from zoneinfo import ZoneInfo
 
 from pydantic import AwareDatetime, Field, model_validator
 
-from apiary.oncall._common import (
+from apiary.oncall.common import (
     FieldError,
     LocalTime,
     OncallModel,

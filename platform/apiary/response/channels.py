@@ -51,7 +51,7 @@ import httpx
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from apiary.errors import ApiaryError, UnavailableError, UserError, ValidationError
-from apiary.oncall._common import FieldError, parse_model, parse_yaml
+from apiary.oncall.common import FieldError, parse_model, parse_yaml
 
 __all__ = [
     "Attempt",

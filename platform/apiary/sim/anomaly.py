@@ -35,7 +35,7 @@ from apiary.errors import ApiaryError
 from apiary.scheduler import HivedScheduler
 from apiary.scheduler.types import TaskPlacement
 from apiary.sim.cluster import private_cluster, vc_gpus
-from apiary.sim.engine import Engine, SimJob, _with_pending
+from apiary.sim.engine import Engine, SimJob, with_pending
 from apiary.spec.cluster import ClusterConfig
 
 
@@ -119,7 +119,7 @@ class SharingAnomaly:
                 except ApiaryError:
                     done = False
             if not done:
-                d = priv.schedule(_with_pending(job.request, (inst,)))
+                d = priv.schedule(with_pending(job.request, (inst,)))
                 if d.kind == "place" and d.placements:
                     q = d.placements[0]
                     priv.allocate(job.id, job.request, [q])
@@ -196,7 +196,7 @@ class SharingAnomaly:
                 need = job.gpus if job.gang else 1
                 ok = False
                 if need <= free:
-                    d = priv.schedule(_with_pending(job.request, tuple(job.pending)))
+                    d = priv.schedule(with_pending(job.request, tuple(job.pending)))
                     if d.kind == "place" and d.placements:
                         priv.allocate(job.id, job.request, d.placements)
                         tentative.append((job.id, [(p.task_role, p.index) for p in d.placements]))

@@ -519,7 +519,7 @@ class Engine:
             self._fail(pre, job)
             return "wait"
         pending = tuple(rec.pending())
-        req = job.request if len(pending) == len(rec.tasks) else _with_pending(job.request, pending)
+        req = job.request if len(pending) == len(rec.tasks) else with_pending(job.request, pending)
         d = self.sched.schedule(req)
         if self.record:
             for victim in d.downgraded:
@@ -555,7 +555,9 @@ def _run(job: SimJob, run_id: str) -> TaskRecord | None:
     return None
 
 
-def _with_pending(request: GroupRequest, pending: tuple[Instance, ...]) -> GroupRequest:
+def with_pending(request: GroupRequest, pending: tuple[Instance, ...]) -> GroupRequest:
+    """``request`` narrowed to the ``pending`` instances (a gang's tasks still to place), other
+    fields unchanged."""
     return GroupRequest(
         name=request.name,
         virtual_cluster=request.virtual_cluster,
