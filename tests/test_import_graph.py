@@ -1,5 +1,5 @@
 """The import graph of platform/apiary: no import circle between modules, no private name
-imported from another module.
+imported from another module, and no store session opened outside the unit of work.
 
 The graph is grimp's (the library import-linter builds ``make contracts`` on): every
 ``import``/``from ... import`` of an ``apiary`` module, at module level or inside a function.
@@ -150,3 +150,42 @@ def test_no_module_imports_a_private_name_of_another() -> None:
     found = private_imports(ROOT)
     print("\n".join(found))
     assert found == [], "private names imported across modules:\n" + "\n".join(found)
+
+
+#: The modules that may open a store session: the unit of work, and the engine's factory of them.
+SESSION_OPENERS = {"apiary/store/unit.py", "apiary/store/engine.py"}
+
+
+def sessions_opened(root: Path) -> list[str]:
+    """``path:line: call`` for each call under ``root/apiary`` that opens a store session outside
+    :data:`SESSION_OPENERS`: ``sessions()`` / ``x.sessions()`` / ``x._sessions()`` (a session
+    factory called), ``Session(...)`` or ``sessionmaker(...)``."""
+    found = []
+    for path in sorted((root / "apiary").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel in SESSION_OPENERS or "/migrations/" in rel:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            if name in {"Session", "sessionmaker"} or (name in {"sessions", "_sessions"} and not node.args):
+                found.append(f"{rel}:{node.lineno}: {name}(...)")
+    return found
+
+
+def test_the_session_finder_sees_factories_and_sessions(tmp_path: Path) -> None:
+    (tmp_path / "apiary" / "store").mkdir(parents=True)
+    (tmp_path / "apiary" / "store" / "unit.py").write_text("s = sessions()\n")
+    (tmp_path / "apiary" / "x.py").write_text(
+        "a = self.sessions()\nb = Session(engine)\nc = self._sessions()\nd = reading(self.sessions)\n")
+    assert sessions_opened(tmp_path) == [
+        "apiary/x.py:1: sessions(...)", "apiary/x.py:2: Session(...)", "apiary/x.py:3: _sessions(...)"]
+
+
+def test_no_store_session_is_opened_outside_the_unit_of_work() -> None:
+    found = sessions_opened(ROOT)
+    print("\n".join(found))
+    assert found == [], ("store sessions opened outside apiary.store.unit (use UnitOfWork or reading):\n"
+                         + "\n".join(found))
