@@ -43,7 +43,7 @@ lint: $(SETUP)
 typecheck: setup
 	$(BIN)/mypy
 
-# The import contracts ([tool.importlinter]): the pure core imports no I/O, directly or not.
+# The import contracts ([tool.importlinter]): the pure core imports no I/O, directly or not; the packages form layers.
 contracts: setup
 	$(BIN)/lint-imports --no-cache
 

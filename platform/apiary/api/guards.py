@@ -1,7 +1,7 @@
 """Request guards of the REST API: a request-body size cap and per-principal rate limits.
 
-Issue "Tenancy and security", item "Bounded input": no caller can make the API read an unbounded
-body or serve one user's flood at everyone else's expense.
+Bounded input: no caller can make the API read an unbounded body or serve one user's flood at
+everyone else's expense.
 
 * :class:`BodyLimitMiddleware` (pure ASGI, wraps the whole app) answers 413 to a body over
   ``max_bytes`` (default 1 MiB) and 400 to a malformed ``Content-Length``; it streams, never

@@ -40,7 +40,7 @@ PROFILES: dict[str, Profile] = {
     for p in (
         Profile("smoke", "steady", 5, 30.0, "a few people for 30 s: does every endpoint answer, is no job lost"),
         Profile("ramp", "ramp", 50, 120.0, "a linear climb to 50 people over 96 s, held 24 s: where latency bends"),
-        Profile("steady", "steady", 50, 120.0, "50 people for 2 min (the issue's target: 0 failures, 0 lost jobs, "
+        Profile("steady", "steady", 50, 120.0, "50 people for 2 min (the target: 0 failures, 0 lost jobs, "
                                                "submit p99 <= 500 ms)"),
         Profile("spike", "spike", 50, 90.0, "10 people, 50 within a second for 30 s, 10 again: recovery from a burst"),
     )

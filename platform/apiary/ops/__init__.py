@@ -1,1 +1,1 @@
-"""Operations: alert intake and automatic actions (incidents and on-call plug in here later)."""
+"""Operations: the Alertmanager intake and the alert log."""

@@ -243,8 +243,8 @@ def insert_new_jobs(s: Session, jobs: list[tuple[JobRecord, Effects, dict[str, o
                     now: float) -> list[tuple[Job, list[Task]]]:
     """The rows of jobs :func:`apiary.lifecycle.reducer.submit` just made (job, attempt, tasks,
     events), as one multi-row INSERT per table instead of the ORM's unit of work: a submission
-    creates rows only, and the unit of work's bookkeeping on them cost more than the inserts (the
-    issue "Tenancy and security" asks 200 submissions/s of one process). ``jobs``: each job's
+    creates rows only, and the unit of work's bookkeeping on them cost more than the inserts (bench/thresholds.yaml asks
+    200 submissions/s of one process). ``jobs``: each job's
     record, its submit effects and the job row's fields the record does not carry (name,
     spec_yaml, ...). Returns for each job, in order, detached rows holding the inserted values
     (the answer's job and tasks; not in the session). Raises IntegrityError for a taken job id
