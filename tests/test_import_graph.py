@@ -20,10 +20,7 @@ import grimp
 ROOT = Path(__file__).resolve().parents[1] / "platform"
 
 #: Circles closed only by ``TYPE_CHECKING`` imports, each with why it stays.
-TYPE_ONLY_CIRCLES: dict[frozenset[str], str] = {
-    frozenset({"apiary.spec.admission", "apiary.spec.job"}):
-        "admission's checks take a JobSpec (an annotation); job.parse_job runs them",
-}
+TYPE_ONLY_CIRCLES: dict[frozenset[str], str] = {}
 
 
 def strongly_connected(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:

@@ -19,13 +19,27 @@ field:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from apiary.errors import ValidationError
 from apiary.spec.templating import rendered_size
 
-if TYPE_CHECKING:
-    from apiary.spec.job import JobSpec
+
+class RenderableJob(Protocol):
+    """What :func:`check_rendered_sizes` reads of a job: :class:`apiary.spec.job.JobSpec` has it
+    (a protocol, so this module need not import the job model that imports it)."""
+
+    @property
+    def task_roles(self) -> Mapping[str, Any]: ...
+    @property
+    def parameters(self) -> Mapping[str, Any] | None: ...
+    @property
+    def secrets(self) -> Mapping[str, Any] | None: ...
+    @property
+    def prerequisites(self) -> Sequence[Any] | None: ...
+
+    def rendered_commands_size(self, role: str) -> int: ...
 
 __all__ = [
     "IMPLEMENTED_RUNTIME_PLUGINS",
@@ -134,7 +148,7 @@ def check_runtime_plugins(extras: dict[str, Any] | None) -> None:
             )
 
 
-def check_rendered_sizes(spec: JobSpec, limit: int = MAX_RENDERED_BYTES) -> None:
+def check_rendered_sizes(spec: RenderableJob, limit: int = MAX_RENDERED_BYTES) -> None:
     """Refuse a task role whose rendered commands, or a registry credential whose rendered value,
     exceed ``limit`` UTF-8 bytes (default :data:`MAX_RENDERED_BYTES`).
 
