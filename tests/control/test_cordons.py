@@ -169,3 +169,14 @@ def test_the_scheduler_places_nothing_on_a_node_with_any_cordon_until_the_last_i
     assert [c["source"] for c in next(n for n in h.plane.list_nodes() if n["name"] == DAN)["cordons"]] == ["admin"]
     h.plane.cordon(DAN, False)
     assert h.cycle().placed == [second] and h.task(second)["node"] == DAN
+
+
+def test_an_incident_with_the_longest_title_still_cordons_its_node(client: TestClient) -> None:
+    """A cordon's reason holds 500 characters; an incident's title may be 500 too: the reason is
+    cut, the cordon is not refused."""
+    r = client.post("/api/v2/incidents", json={"title": "x" * 495, "severity": "sev2"})
+    assert r.status_code in (200, 201), r.text
+    incident = str(r.json()["id"])
+    assert incident_action(client, incident, "cordon-node")["result"] == "ok"
+    reason = held(client)[f"incident:{incident}"]
+    assert reason.startswith(f"incident {incident}: xxx") and len(reason) == 500

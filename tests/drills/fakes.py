@@ -96,9 +96,11 @@ class FakeApi:
         self.cordons.append((node, value))
         self.cordon_calls.append({"node": node, "value": value, "reason": reason, "source": source, "all": all})
         for n in self._nodes:
-            if n["name"] == node:
-                n["cordoned"] = value
-                n["schedulable"] = not value
+            if n["name"] == node:  # a set of cordons by source, as the platform keeps them
+                held = [c for c in n.get("cordons") or [] if not all and c["source"] != (source or "admin")]
+                if value:
+                    held.append({"source": source or "admin", "reason": reason})
+                n["cordons"], n["cordoned"], n["schedulable"] = held, bool(held), not held
         return {"name": node}
 
     def logs(self, job_id: str, task_role: str | None = None, **_: Any) -> str:

@@ -225,7 +225,7 @@ def test_an_abort_stops_the_work_and_rolls_back_what_it_cordoned() -> None:
     entered = threading.Event()
 
     def work(abort: threading.Event) -> str:
-        api.cordon("dan", True)  # the experiment's doing
+        api.cordon("dan", True, source="chaos:cordon_node")  # the experiment's doing
         entered.set()
         assert abort.wait(30), "the guard never aborted"
         return "stopped early"
@@ -235,20 +235,22 @@ def test_an_abort_stops_the_work_and_rolls_back_what_it_cordoned() -> None:
                 rollback=lambda: ["cleared the experiment's faults"])
     assert entered.is_set() and g.aborted and g.started
     assert g.reasons == ["inspection probe failed 1 times (error budget 0)"]
-    assert g.rolled_back == ["uncordoned dan", "cleared the experiment's faults"]
+    assert g.rolled_back == ["uncordoned dan (chaos:cordon_node)", "cleared the experiment's faults"]
     assert api.cordons == [("dan", True), ("dan", False)] and g.result == "stopped early"
 
 
-def test_an_abort_lifts_only_the_cordons_set_during_the_drill_each_by_its_source() -> None:
+def test_an_abort_lifts_only_the_drill_s_own_cordons() -> None:
     """A chaos cordon set during the drill is lifted by its own source; an admin's cordon from
-    before the drill, on the same node, stays."""
+    before the drill, and an admin's and an incident's set while it ran, stay: they are not the
+    drill's to undo."""
     api = FakeApi(quick, nodes=[node("carol"), node("dan")])
-    held = {"dan": [{"source": "admin", "reason": "fan swap"}]}
-    api._nodes[1]["cordoned"], api._nodes[1]["cordons"] = True, held["dan"]
+    api.cordon("dan", True, source="admin", reason="fan swap")
     entered = threading.Event()
 
     def work(abort: threading.Event) -> str:
-        held["dan"].append({"source": "chaos:cordon_node", "reason": "experiment"})  # the experiment's doing
+        api.cordon("dan", True, source="chaos:cordon_node")  # the experiment's doing
+        api.cordon("carol", True, source="admin", reason="memory test")  # meanwhile, people's
+        api.cordon("carol", True, source="incident:7", reason="incident 7: XID 79")
         entered.set()
         assert abort.wait(30), "the guard never aborted"
         return "stopped early"
@@ -257,8 +259,8 @@ def test_an_abort_lifts_only_the_cordons_set_during_the_drill_each_by_its_source
     g = guarded(work, api, cfg, image=IMAGE, prober=prober(True, False))
     assert entered.is_set() and g.aborted
     assert g.rolled_back == ["uncordoned dan (chaos:cordon_node)"]
-    assert api.cordon_calls == [{"node": "dan", "value": False, "reason": None, "source": "chaos:cordon_node",
-                                 "all": False}]
+    held = {n["name"]: sorted(c["source"] for c in n["cordons"]) for n in api.nodes()}
+    assert held == {"dan": ["admin"], "carol": ["admin", "incident:7"]}
 
 
 def test_work_that_ends_within_its_budget_is_not_aborted() -> None:

@@ -130,3 +130,33 @@ def test_the_owner_is_emailed_at_the_directory_address_and_never_at_an_invented_
     (untold,) = receiver.receive(AlertmanagerPayload.model_validate(payload("Idle", "f2", job=carls)), ["email-owner"])
     assert told["status"] == "ok" and untold["status"] == "failed" and "no contact for user carl" in untold["detail"]
     assert [m.rcpt_tos for m in inbox.messages] == [["bob@example.test"]]
+
+
+def test_a_bare_tag_job_of_the_actions_config_tags_the_job_with_the_alert_s_name(plane):
+    """OpenPAI's ``tag-job`` action without a tag names the alert, with or without an incident."""
+    config = ActionsConfig(rules=[Rule(match={"alertname": "ApiaryJobLowGpuUtilization"}, actions=["tag-job"])])
+    client = with_auth(TestClient(create_app(plane, AlertReceiver(plane, config, notifiers={}))), plane)
+    job = plane.submit(job_text(1), "bob")["id"]
+    r = client.post("/api/v2/alerts/webhook", json=payload("ApiaryJobLowGpuUtilization", job=job, user="bob"))
+    assert r.status_code == 200, r.text
+    assert plane.get_job(job)["tags"] == ["ApiaryJobLowGpuUtilization"]
+
+
+def test_an_action_that_breaks_unexpectedly_is_recorded_failed_and_a_resend_runs_it_again(plane, monkeypatch):
+    """Not only Apiary's own errors: any failure finishes the action's claim as failed, so the
+    intake answers and Alertmanager's next resend tries again (a claim left running skipped every
+    resend for good)."""
+    receiver = AlertReceiver(plane, ActionsConfig(), notifiers={})
+    job = plane.submit(job_text(1), "bob")["id"]
+    body = AlertmanagerPayload.model_validate(payload("ApiaryJobHung", job=job, user="bob"))
+
+    def broken(job_id: str) -> dict:
+        raise KeyError("user")
+
+    monkeypatch.setattr(plane, "stop", broken)
+    (first,) = receiver.receive(body, ["stop-job"])
+    assert first["status"] == "failed" and "KeyError" in first["detail"]
+    monkeypatch.undo()
+    (again,) = receiver.receive(body, ["stop-job"])
+    assert again["status"] == "ok"
+    assert [(a["action"], a["status"]) for a in receiver.recent_actions()] == [("stop-job", "ok")]

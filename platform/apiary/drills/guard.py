@@ -13,9 +13,9 @@ deviates beyond a bound; the guard does the same for the chaos and load drills:
   ``max_probe_failures`` failed rounds; one more, or any disrupted guaranteed job unless the
   experiment allows it (``allow_disruption``), trips the breaker.
 * **Abort** = the drill's ``abort`` event is set (the runner stops early when it can), the guard
-  rolls back what the platform shows of the drill (each cordon set since it started is lifted,
-  by its source, so cordons older than the drill stay) and calls the drill's own ``rollback``,
-  then waits ``grace_s`` for the runner.
+  rolls back what the platform shows of the drill (each drill or chaos cordon set since it
+  started is lifted, by its source; older ones, and an admin's, an alert's or an incident's,
+  stay) and calls the drill's own ``rollback``, then waits ``grace_s`` for the runner.
 
 The guard's probes are opportunistic jobs like the inspection's: they never take capacity from
 a guaranteed job. Its decisions are logged and returned (:class:`Guarded`) for the drill's report.
@@ -152,16 +152,15 @@ class SteadyStateGuard:
             self._thread.join(self.config.probe_slo_s + 30)
 
 
-def _cordons(api: DrillApi) -> set[tuple[str, str]]:
-    """``(node, source)`` of every cordon the platform lists; a node that says it is cordoned
-    without listing its cordons counts as holding the admin's."""
-    held: set[tuple[str, str]] = set()
-    for n in api.nodes():
-        listed = n.get("cordons") or []
-        held |= {(n["name"], c["source"]) for c in listed}
-        if n.get("cordoned") and not listed:
-            held.add((n["name"], "admin"))
-    return held
+#: The cordon sources a drill's abort may lift: the drills' own and their chaos experiments'.
+DRILL_CORDON_SOURCES = ("drill:", "chaos:")
+
+
+def _drill_cordons(api: DrillApi) -> set[tuple[str, str]]:
+    """``(node, source)`` of every cordon a drill or a chaos experiment holds. Others (an admin's,
+    an alert's, an incident's) are never the drill's to lift, even when set while it ran."""
+    return {(n["name"], c["source"]) for n in api.nodes() for c in n.get("cordons") or []
+            if c["source"].startswith(DRILL_CORDON_SOURCES)}
 
 
 def guarded(work: Callable[[threading.Event], T], api: DrillApi, config: GuardConfig, *, image: str,
@@ -179,7 +178,7 @@ def guarded(work: Callable[[threading.Event], T], api: DrillApi, config: GuardCo
         logger.error("drill not started: %s", out.reasons[0])
         return out
     guard.failed_rounds = 0  # the budget counts the drill's rounds, not the check before it
-    before = _cordons(api)
+    before = _drill_cordons(api)
     abort = threading.Event()
     done = threading.Event()
 
@@ -205,9 +204,9 @@ def guarded(work: Callable[[threading.Event], T], api: DrillApi, config: GuardCo
         out.aborted = True
         abort.set()
         try:
-            for node, source in sorted(_cordons(api) - before):  # each source's own undo
+            for node, source in sorted(_drill_cordons(api) - before):  # each source's own undo
                 api.cordon(node, False, source=source)
-                out.rolled_back.append(f"uncordoned {node}" + ("" if source == "admin" else f" ({source})"))
+                out.rolled_back.append(f"uncordoned {node} ({source})")
         except ApiaryError as e:
             out.rolled_back.append(f"uncordon failed: {e.message}")
         if rollback is not None:

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 
 from sqlalchemy import select
 
+from apiary.control.nodes import MAX_CORDON_REASON
 from apiary.errors import ApiaryError, UnavailableError, ValidationError
 from apiary.incidents import Incident, Links
 from apiary.incidents.model import JOB_LABELS, NODE_LABELS, job_id_of
@@ -111,11 +112,13 @@ class ActionRun:
 def cordon_source(alert: AlertKey | None, incident: Incident | None) -> tuple[str, str]:
     """Whose cordon an action sets or removes, and why: ``("incident:<id>", "incident <id>: <title>")``
     for an incident's action, else ``("alert:<alertname>", "alert <alertname> firing")``
-    (``alert:unknown`` with no alert name)."""
+    (``alert:unknown`` with no alert name); the reason cut to :data:`MAX_CORDON_REASON` characters,
+    the most a cordon holds."""
     if incident is not None:
-        return f"incident:{incident.id}", f"incident {incident.id}: {incident.title}"
+        return f"incident:{incident.id}", f"incident {incident.id}: {incident.title}"[:MAX_CORDON_REASON]
     name = re.sub(r"[^A-Za-z0-9_.:-]", "_", alert.alertname if alert else "")[:100] or "unknown"
-    return f"alert:{name}", f"alert {alert.alertname if alert and alert.alertname else name} firing"
+    reason = f"alert {alert.alertname if alert and alert.alertname else name} firing"
+    return f"alert:{name}", reason[:MAX_CORDON_REASON]
 
 
 def user_email(sessions: Sessions) -> Callable[[str], str | None]:
@@ -226,6 +229,8 @@ class ActionPipeline:
         for an unknown action."""
         self.check(action)
         name, _, arg = action.partition(":")
+        if name == "tag-job" and not arg and alert is not None:  # the actions config's bare tag-job
+            arg = alert.alertname
         if target is None:
             what = "node" if name in NODE_ACTIONS else "Apiary job id (user~name)"
             return ActionRun(action, "", "skipped", f"the alert names no {what}")
@@ -242,6 +247,9 @@ class ActionPipeline:
         except ApiaryError as e:
             result, detail = "failed", e.message
             logger.warning("action %s on %s failed: %s", action, target, e.message)
+        except Exception as e:  # the claim must still be finished, or every resend is skipped for good
+            result, detail = "failed", f"{type(e).__name__}: {e}"
+            logger.exception("action %s on %s failed", action, target)
         if key is not None and self.log is not None:
             self.log.finish_alert_action(status=result, detail=detail, **key)
         logger.info("action %s target=%s result=%s incident=%s", action, target, result,

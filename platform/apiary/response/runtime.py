@@ -29,7 +29,9 @@ def build(plane: Any, home: Path, *, config_path: Path | None, public_url: str, 
     store = IncidentStore(plane.sessions)
     dispatcher = Dispatcher(build_channels(config.channels))
     lookup = contact_lookup(config.contacts, user_email(plane.sessions))
-    pipeline = ActionPipeline(plane, Outbox(dispatcher, lookup))
+    # The actions send once through breakers of their own: an owner's bad address or a broken
+    # actions-config SMTP must not open the circuit that on-call pages go through.
+    pipeline = ActionPipeline(plane, Outbox(Dispatcher(dispatcher.channels, attempts=1), lookup))
     service = IncidentService(store, config, plane=plane, prometheus_url=prometheus_url, pipeline=pipeline)
     signer = LinkSigner(load_secret(home / "credentials" / "incident-links.key"),
                         config.incidents.public_url or public_url, config.incidents.link_ttl_s)

@@ -68,7 +68,8 @@ class UnitOfWork:
     """One session, one commit, then the queued callbacks; see the module docstring.
 
     As a context manager it commits on a clean exit and rolls back on an exception (the exception
-    propagates). :meth:`commit` may also be called explicitly, once; the exit then only closes.
+    propagates; the store's own failures in the body's statements as ConflictError or
+    UnavailableError, like the commit's). :meth:`commit` may also be called explicitly, once; the exit then only closes.
     Not thread-safe: one thread uses a unit from start to commit.
     """
 
@@ -127,6 +128,9 @@ class UnitOfWork:
             if exc_type is not None:
                 if not self._done:
                     self._fail()
+                if isinstance(exc, SQLAlchemyError):  # a statement of the body failed: 409 / 503 as at commit
+                    with store_errors(self.what):
+                        raise exc
             elif not self._done:
                 self.commit()
         finally:
