@@ -25,7 +25,7 @@ def journals(tmp_path_factory):
 def test_gpu_faults_pick_a_node_of_the_one_vc_and_probe_on_the_other(platform, journals):
     journal = run_checked(platform, "gpu-faults", journals)
     out = outputs(journal)
-    assert out["cordon-faulty-node"] == {"node": "gpu-worker-b", "cordoned": True}
+    assert out["cordon-faulty-node"] == {"node": "gpu-worker-b", "cordoned": True, "cordons": ["chaos:cordon_node"]}
     assert out["xid-79-visible"] == 79
     assert not any(n["cordoned"] for n in platform.client().nodes())  # the rollback uncordoned it
 
