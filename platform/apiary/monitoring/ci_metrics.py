@@ -1,7 +1,7 @@
 """CI/CD metrics: pipeline runs and production deployments, rendered from the store at scrape time.
 
 :class:`CiCollector` renders a snapshot (:meth:`apiary.ci.records.CiRecords.metrics_snapshot`,
-read from ``ci_runs`` and ``deployments`` on every scrape, so the values survive a restart of the
+read from the CI records (``ci_records``) on every scrape, so the values survive a restart of the
 control plane: the store is their only owner). Families (platform/apiary/monitoring/METRICS.md):
 
 * ``apiary_ci_stage_duration_seconds{stage}`` (histogram) over the stages of the newest finished
