@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from apiary.errors import ConflictError
 from apiary.store.models import Alert, AlertAction
-from apiary.store.unit import Sessions, UnitOfWork, reading, store_errors
+from apiary.store.unit import Sessions, UnitOfWork, reading
 
 
 class AlertLog:
@@ -38,7 +38,7 @@ class AlertLog:
     def record_alert(self, **fields: Any) -> Alert:
         """Store one received alert (the :class:`~apiary.store.models.Alert` columns as keywords);
         returns the committed row (detached, its columns loaded)."""
-        with store_errors("record alert"), UnitOfWork(self._sessions, "record alert") as uow:
+        with UnitOfWork(self._sessions, "record alert") as uow:
             row = Alert(**fields)
             uow.s.add(row)
         return row
@@ -51,7 +51,7 @@ class AlertLog:
         key = {"fingerprint": fingerprint, "starts_at": starts_at, "action": action, "target": target}
         with self._lock:
             try:
-                with store_errors("claim alert action"), UnitOfWork(self._sessions, "claim alert action") as uow:
+                with UnitOfWork(self._sessions, "claim alert action") as uow:
                     existing = uow.s.scalars(select(AlertAction).filter_by(**key)).first()
                     if existing is not None:
                         if existing.status != "failed":
@@ -68,7 +68,7 @@ class AlertLog:
                             detail: str) -> None:
         """Record the outcome (``ok`` / ``failed``) of a claimed alert action. Raises
         sqlalchemy's NoResultFound when it was never claimed (a programming error)."""
-        with self._lock, store_errors("finish alert action"), UnitOfWork(self._sessions, "finish alert action") as uow:
+        with self._lock, UnitOfWork(self._sessions, "finish alert action") as uow:
             row = uow.s.scalars(select(AlertAction).filter_by(
                 fingerprint=fingerprint, starts_at=starts_at, action=action, target=target)).one()
             row.status, row.detail, row.time = status, detail, self._clock()

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from apiary.errors import NoIncidentError
 from apiary.incidents import Incident, IncidentState, Links, TimelineEntry
 from apiary.store.models import ActionItem, Escalation, IncidentEntry, IncidentRow, Notification
-from apiary.store.unit import Sessions, UnitOfWork, reading, store_errors
+from apiary.store.unit import Sessions, UnitOfWork, reading
 from apiary.timefmt import iso
 
 #: Longest title and actor stored (the columns' sizes).
@@ -72,7 +72,7 @@ class IncidentStore:
         """The lock, then one unit of work; the store's failures (its reads included) raised as
         ConflictError (409) / UnavailableError (503) naming ``what``."""
         what = f"incident store: {what}"
-        with self.lock, store_errors(what), UnitOfWork(self.sessions, what) as uow:
+        with self.lock, UnitOfWork(self.sessions, what) as uow:
             yield uow
 
     # ------------------------------------------------------------------ incidents
