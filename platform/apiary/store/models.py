@@ -443,3 +443,42 @@ class ActionItem(Base):
     text: Mapped[str] = mapped_column(Text)
     owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
     status: Mapped[str] = mapped_column(String(16))
+
+
+class BootstrapToken(Base):
+    """A short-lived token a node joins with (Kubernetes' bootstrap token, ``kubeadm join``):
+    ``<id>.<secret>``, only a SHA-256 digest of the secret stored. ``node``: the one node it may
+    join as (None: any node of the cluster config not yet joined). Times are unix seconds;
+    ``used`` is set by the join that spent it (a token joins once), ``revoked`` by an admin; the
+    row stays for the audit trail. ``used_by``: the node that joined with it."""
+
+    __tablename__ = "bootstrap_tokens"
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    node: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    created_by: Mapped[str] = mapped_column(String(200), default="")
+    created: Mapped[float] = mapped_column(Float)
+    expires: Mapped[float] = mapped_column(Float)
+    used: Mapped[float | None] = mapped_column(Float, nullable=True)
+    used_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    revoked: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Lease(Base):
+    """A leader-election lease (Kubernetes' ``coordination.k8s.io/v1`` Lease): ``name`` (the
+    control plane's is ``control-plane``), its ``holder`` (a replica's identity), the holder's
+    advertised API URL, ``epoch`` (raised by one at every change of holder: the fencing token every
+    leader's write checks in its transaction), ``renewed`` (the store's own clock at the last renew,
+    unix seconds, so replicas on hosts with different clocks agree) and ``duration_s``."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200), default="")
+    holder_url: Mapped[str] = mapped_column(String(500), default="")
+    epoch: Mapped[int] = mapped_column(Integer, default=0)
+    acquired: Mapped[float] = mapped_column(Float, default=0.0)
+    renewed: Mapped[float] = mapped_column(Float, default=0.0)
+    duration_s: Mapped[float] = mapped_column(Float, default=15.0)

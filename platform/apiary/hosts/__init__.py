@@ -1,0 +1,1 @@
+"""Hosts for multi-host tests and drills: Linux network namespaces on one bridge (:mod:`.netns`)."""
