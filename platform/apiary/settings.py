@@ -54,7 +54,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="APIARY_", extra="ignore")
 
     home: Path = Field(default=Path("~/.apiary"), description="State directory of the embedded platform.")
-    api_url: str | None = Field(default=None, description="Control-plane URL; overrides the one recorded in home.")
+    api_url: str | None = Field(
+        default=None,
+        description="Control-plane URL; overrides the one recorded in home. Several replicas: comma-separated "
+                    "URLs, tried in order when one is unreachable.")
     database_url: str | None = Field(
         default=None,
         description="SQLAlchemy URL; default an SQLite file in home (postgresql+psycopg://... for PostgreSQL).",
@@ -119,6 +122,41 @@ class Settings(BaseSettings):
         description="Where the process runtime makes each running task's home directory (owned by the task's "
                     "uid, removed when the task ends); must be outside APIARY_HOME.",
     )
+
+    # Many machines: TLS, joining, replicas. See README "Running on many machines".
+    ca_cert: Path | None = Field(
+        default=None,
+        description="The platform CA's certificate (PEM). Clients (the CLI, agents, the bridge, the flows, other "
+                    "replicas) verify the control plane's HTTPS certificate against it; unset: the system's CAs.",
+    )
+    tls_cert: Path | None = Field(
+        default=None, description="This component's server certificate (PEM, signed by the platform CA); with "
+                                  "tls_key the control plane serves HTTPS instead of HTTP.")
+    tls_key: Path | None = Field(default=None, description="The private key of tls_cert (PEM, mode 0600).")
+    advertise_url: str | None = Field(
+        default=None,
+        description="This control-plane replica's URL as the other replicas and clients reach it (the lease "
+                    "names it, followers forward writes to it); default built from --host and --port.",
+    )
+    replica_id: str | None = Field(
+        default=None, description="This control-plane replica's identity in the leader lease; default "
+                                  "<hostname>-<pid>.")
+    leader_elect: bool | None = Field(
+        default=None,
+        description="Elect one leader among control-plane replicas with a lease in the store; default: on with "
+                    "PostgreSQL, off with SQLite (one replica only).",
+    )
+    # Kubernetes' leader election uses 15 s / 10 s / 2 s (kube-controller-manager's --leader-elect-*
+    # defaults); shorter here so a killed leader is replaced within 10 s.
+    lease_duration_s: float = Field(
+        default=6.0, gt=0, description="How long a leader lease lasts without a renew before another replica may "
+                                       "take it (Kubernetes' leaseDuration).")
+    renew_deadline_s: float = Field(
+        default=4.0, gt=0, description="A leader that could not renew for this long steps down (Kubernetes' "
+                                       "renewDeadline); shorter than lease_duration_s.")
+    retry_period_s: float = Field(
+        default=1.0, gt=0, description="How often replicas try to acquire or renew the lease (Kubernetes' "
+                                       "retryPeriod).")
 
     @field_validator("task_uids")
     @classmethod
