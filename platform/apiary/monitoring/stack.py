@@ -48,10 +48,14 @@ def write_targets(path: Path, metrics_urls: dict[str, str]) -> None:
     tmp.replace(path)
 
 
-def render_prometheus(out_dir: Path, *, control_plane: str, alertmanager: str, interval_s: float,
-                      src: Path = DEPLOY / "prometheus") -> Path:
+def render_prometheus(out_dir: Path, *, control_plane: str | list[str], alertmanager: str, interval_s: float,
+                      src: Path = DEPLOY / "prometheus", ca_file: Path | None = None,
+                      nodes_https: bool = False) -> Path:
     """Write ``out_dir/prometheus.yml`` (rules referenced in ``src``) and an empty targets file.
-    ``control_plane`` and ``alertmanager`` are ``host:port``."""
+    ``control_plane`` (one or several replicas) and ``alertmanager`` are ``host:port``. With
+    ``ca_file`` (the platform CA, PEM) the control plane is scraped over HTTPS and its certificate
+    verified against the CA (Prometheus' ``scheme: https`` + ``tls_config.ca_file``); the node
+    agents too when ``nodes_https``."""
     cfg = yaml.safe_load((src / "prometheus.yml").read_text())
     cfg["global"]["scrape_interval"] = cfg["global"]["evaluation_interval"] = f"{interval_s:g}s"
     cfg["rule_files"] = [str((src / f).resolve()) for f in cfg["rule_files"]]
@@ -62,20 +66,25 @@ def render_prometheus(out_dir: Path, *, control_plane: str, alertmanager: str, i
         write_targets(targets, {})
     for job in cfg["scrape_configs"]:
         if job["job_name"] == "apiary-control-plane":
-            job["static_configs"][0]["targets"] = [control_plane]
+            job["static_configs"][0]["targets"] = [control_plane] if isinstance(control_plane, str) else control_plane
+            if ca_file is not None:
+                job["scheme"], job["tls_config"] = "https", {"ca_file": str(ca_file)}
         elif job["job_name"] == "apiary-node":
             job["file_sd_configs"][0]["files"] = [str(targets)]
             job["file_sd_configs"][0]["refresh_interval"] = f"{max(interval_s, 1):g}s"
+            if ca_file is not None and nodes_https:
+                job["scheme"], job["tls_config"] = "https", {"ca_file": str(ca_file)}
     out = out_dir / "prometheus.yml"
     write_private(out, yaml.safe_dump(cfg, sort_keys=False))
     return out
 
 
 def render_alertmanager(out_dir: Path, *, webhook_url: str, smtp_smarthost: str, token_file: Path,
-                        src: Path = DEPLOY / "alertmanager" / "alertmanager.yml") -> Path:
+                        src: Path = DEPLOY / "alertmanager" / "alertmanager.yml", ca_file: Path | None = None) -> Path:
     """Write ``out_dir/alertmanager.yml`` pointing the webhook receiver at ``webhook_url`` with the
     bearer token in ``token_file`` (Apiary's Alertmanager service token) and email at
-    ``smtp_smarthost`` (``host:port``)."""
+    ``smtp_smarthost`` (``host:port``). With ``ca_file`` the webhook's HTTPS certificate is verified
+    against the platform CA (``http_config.tls_config.ca_file``)."""
     cfg = yaml.safe_load(src.read_text())
     cfg["global"]["smtp_smarthost"] = smtp_smarthost
     for receiver in cfg["receivers"]:
@@ -83,19 +92,21 @@ def render_alertmanager(out_dir: Path, *, webhook_url: str, smtp_smarthost: str,
             hook["url"] = webhook_url
             hook.setdefault("http_config", {}).setdefault("authorization", {"type": "Bearer"})
             hook["http_config"]["authorization"]["credentials_file"] = str(token_file)
+            if ca_file is not None:
+                hook["http_config"]["tls_config"] = {"ca_file": str(ca_file)}
     private_dir(out_dir)
     out = out_dir / "alertmanager.yml"
     write_private(out, yaml.safe_dump(cfg, sort_keys=False))
     return out
 
 
-def prometheus_argv(binary: str, config: Path, data: Path, port: int) -> list[str]:
+def prometheus_argv(binary: str, config: Path, data: Path, port: int, host: str = "127.0.0.1") -> list[str]:
     # resend-delay 1s: Alertmanager hears a firing alert within a second of each evaluation.
     return [binary, f"--config.file={config}", f"--storage.tsdb.path={data}",
-            f"--web.listen-address=127.0.0.1:{port}", "--rules.alert.resend-delay=1s", "--log.level=warn"]
+            f"--web.listen-address={host}:{port}", "--rules.alert.resend-delay=1s", "--log.level=warn"]
 
 
-def alertmanager_argv(binary: str, config: Path, data: Path, port: int) -> list[str]:
-    # No clustering (--cluster.listen-address=): one Alertmanager on loopback.
+def alertmanager_argv(binary: str, config: Path, data: Path, port: int, host: str = "127.0.0.1") -> list[str]:
+    # No clustering (--cluster.listen-address=): one Alertmanager.
     return [binary, f"--config.file={config}", f"--storage.path={data}",
-            f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"]
+            f"--web.listen-address={host}:{port}", "--cluster.listen-address=", "--log.level=warn"]
