@@ -242,6 +242,32 @@ def sqlite_url(home: Path) -> str:
     return f"sqlite+aiosqlite:///{Path(home) / 'prefect.db'}"
 
 
+def server_command(home: Path, host: str, port: int, *, database_url: str | None = None,
+                   settings: dict[str, str] | None = None, auth_string: str | None = None,
+                   ui_api_url: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of ``prefect server start`` on ``host:port`` rooted at ``home``
+    (see :func:`start_prefect_server` for what each argument means). ``ui_api_url``: the API's URL
+    as a browser reaches it (default ``http://host:port/api``; behind a TLS terminator, its
+    ``https://`` address). For starting the server somewhere else, e.g. inside a network namespace
+    (:mod:`apiary.hosts`)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(prefect_env(home))
+    env.update(
+        {
+            "PREFECT_SERVER_DATABASE_CONNECTION_URL": database_url or sqlite_url(home),
+            "PREFECT_SERVER_API_HOST": host,
+            "PREFECT_SERVER_API_PORT": str(port),
+            # The UI must call the API on the address it is served from.
+            "PREFECT_UI_API_URL": ui_api_url or f"http://{host}:{port}/api",
+            **SERVER_TUNING,
+        }
+    )
+    if auth_string:
+        env["PREFECT_SERVER_API_AUTH_STRING"] = auth_string
+    env.update(settings or {})
+    return [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)], env
+
+
 def start_prefect_server(
     home: Path,
     host: str = "127.0.0.1",
@@ -272,24 +298,10 @@ def start_prefect_server(
     home = Path(home)
     private_dir(home)
     port = port or free_port(host)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(prefect_env(home))
-    env.update(
-        {
-            "PREFECT_SERVER_DATABASE_CONNECTION_URL": database_url or sqlite_url(home),
-            "PREFECT_SERVER_API_HOST": host,
-            "PREFECT_SERVER_API_PORT": str(port),
-            # The UI must call the API on the address it is served from.
-            "PREFECT_UI_API_URL": f"http://{host}:{port}/api",
-            **SERVER_TUNING,
-        }
-    )
-    if auth_string:
-        env["PREFECT_SERVER_API_AUTH_STRING"] = auth_string
-    env.update(settings or {})
+    cmd, env = server_command(home, host, port, database_url=database_url, settings=settings,
+                              auth_string=auth_string)
     log_path = home / "server.log"
     log_file = open_private(log_path)  # the child keeps its own copy; ours is closed below
-    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)]
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen(
