@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -133,6 +134,12 @@ class Settings(BaseSettings):
         default=None, description="This component's server certificate (PEM, signed by the platform CA); with "
                                   "tls_key the control plane serves HTTPS instead of HTTP.")
     tls_key: Path | None = Field(default=None, description="The private key of tls_cert (PEM, mode 0600).")
+    node_credentials: Literal["home", "join"] = Field(
+        default="home",
+        description="How node agents get their credentials: 'home' (apiary up: the control plane writes every "
+                    "node's agent token into home/credentials, for agents on the same machine) or 'join' (nodes on "
+                    "other hosts join with a bootstrap token: apiary agent join; nothing is written).",
+    )
     advertise_url: str | None = Field(
         default=None,
         description="This control-plane replica's URL as the other replicas and clients reach it (the lease "
