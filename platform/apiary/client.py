@@ -1,42 +1,177 @@
-"""A small synchronous client of Apiary's REST API, used by the CLI, the demo and tests."""
+"""A small synchronous client of Apiary's REST API, used by the CLI, the demo and tests.
+
+Also the transport rules every Apiary HTTP caller shares (the agent, the Prefect bridge, replicas
+forwarding writes): :func:`http_verify` (what httpx verifies HTTPS against) and
+:func:`check_token_transport` (no token in clear over the network).
+"""
 
 from __future__ import annotations
 
 import builtins  # the client has a method named list
+import ipaddress
+import ssl
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
-from apiary.errors import UnavailableError, error_from_response
+from apiary.errors import PlaintextTokenError, UnavailableError, ValidationError, error_from_response
+
+#: Methods that change nothing on the server (RFC 9110 section 9.2.1): after any transport error
+#: they are retried on the next replica; other methods only when the connection was never made.
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def split_api_urls(api_url: str) -> list[str]:
+    """The control-plane replicas' URLs of ``api_url`` (one URL, or several comma-separated), each
+    without a trailing ``/``. Raises :class:`~apiary.errors.ValidationError` (field
+    ``APIARY_API_URL``) when there is none or one is not ``http://`` or ``https://``."""
+    urls = [u.strip().rstrip("/") for u in api_url.split(",") if u.strip()]
+    if not urls:
+        raise ValidationError("APIARY_API_URL", f"{api_url!r} holds no URL")
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValidationError("APIARY_API_URL", f"{url!r} must be http://HOST[:PORT] or https://HOST[:PORT]")
+    return urls
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (a URL's host name, without brackets) is this machine's loopback:
+    ``localhost`` (RFC 6761 section 6.3 reserves it for loopback), 127.0.0.0/8 or ::1."""
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_token_transport(url: str, token: str | None) -> None:
+    """Refuse to send ``token`` over plain HTTP to a host that is not loopback.
+
+    ``url`` is one URL (``http://198.18.0.2:8080``). Plain HTTP is allowed without a token, and to
+    loopback with one (nothing leaves the machine). Raises
+    :class:`~apiary.errors.PlaintextTokenError`, whose message names the settings to change
+    (``APIARY_API_URL`` to ``https://``, ``APIARY_CA_CERT``). The token itself is never in the
+    message.
+    """
+    if not token:
+        return
+    parts = urlsplit(url)
+    if parts.scheme == "http" and not is_loopback_host(parts.hostname or ""):
+        where = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+        raise PlaintextTokenError(
+            f"refusing to send a token over plain HTTP to {where}, which is not a loopback address: set "
+            "APIARY_API_URL (or --api) to the control plane's https:// URL and APIARY_CA_CERT to the platform "
+            "CA's certificate (apiary ca init / apiary ca issue)", url=where)
+
+
+def http_verify(ca_cert: Path | None) -> ssl.SSLContext | bool:
+    """What to pass as httpx's ``verify=``: an SSL context that trusts only the platform CA in
+    ``ca_cert`` (PEM; host names and IP addresses checked against the certificate's SANs), or
+    ``True`` (httpx's default CAs) when ``ca_cert`` is None. Raises
+    :class:`~apiary.errors.ValidationError` (field ``APIARY_CA_CERT``) when the file cannot be read
+    or holds no certificate."""
+    if ca_cert is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=str(ca_cert))
+    except (OSError, ssl.SSLError) as e:
+        raise ValidationError("APIARY_CA_CERT", f"cannot load the CA certificate {ca_cert}: {e}") from e
+
+
+def _verify_failure(e: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification error in ``e``'s cause chain, if any."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 class ApiaryClient:
-    """Calls ``api_url`` (``http://127.0.0.1:PORT``) with ``token`` (``Authorization: Bearer``;
-    the caller's identity: a user, a node agent or a service). Error answers come back as the
+    """Calls the control plane at ``api_url`` with ``token`` (``Authorization: Bearer``; the
+    caller's identity: a user, a node agent or a service). Error answers come back as the
     :mod:`apiary.errors` class of :func:`~apiary.errors.error_from_response`, carrying the server's
-    message and status; an unreachable server raises UnavailableError."""
+    message and status; an unreachable server raises UnavailableError.
+
+    ``api_url``: one URL or several comma-separated (control-plane replicas). A call whose
+    connection cannot be made (refused, timed out, TLS handshake failed) is tried on the next URL,
+    and so is a GET/HEAD that failed in transit; the client then keeps to the URL that answered.
+    Other calls that fail in transit are not retried (a POST may have been committed), and error
+    answers (4xx, 5xx) never are. ``ca_cert``: the platform CA (PEM) HTTPS is verified against
+    (None: httpx's default CAs). Raises :class:`~apiary.errors.PlaintextTokenError` at construction
+    when a token would go over plain HTTP to a host that is not loopback.
+    """
 
     def __init__(self, api_url: str, timeout: float = 30.0, transport: httpx.BaseTransport | None = None,
-                 token: str | None = None) -> None:
-        self.api_url = api_url.rstrip("/")
+                 token: str | None = None, ca_cert: Path | None = None) -> None:
+        self.api_urls = split_api_urls(api_url)
+        for url in self.api_urls:
+            check_token_transport(url, token)
+        self._current = 0
+        self._timeout = timeout
+        self._transport = transport
+        self._ca_cert = ca_cert
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         # transport: tests pass httpx.MockTransport.
-        self._http = httpx.Client(base_url=self.api_url, timeout=timeout, transport=transport, headers=headers)
+        self._http = httpx.Client(timeout=timeout, transport=transport, headers=headers,
+                                  verify=http_verify(ca_cert))
+
+    @property
+    def api_url(self) -> str:
+        """The replica the client calls now (the first, or the last one that answered)."""
+        return self.api_urls[self._current]
 
     def as_token(self, token: str) -> ApiaryClient:
-        """Another client of the same API with another identity."""
-        return ApiaryClient(self.api_url, timeout=self._http.timeout.read or 30.0, token=token)
+        """Another client of the same API with another identity (same replicas, CA and transport).
+        Raises :class:`~apiary.errors.PlaintextTokenError` as the constructor does."""
+        other = ApiaryClient(",".join(self.api_urls), timeout=self._timeout, transport=self._transport,
+                             token=token, ca_cert=self._ca_cert)
+        other._current = self._current
+        return other
 
     def close(self) -> None:
         self._http.close()
 
+    def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """The answer of the first replica (from the current one on) that answers; raises
+        UnavailableError naming each replica's failure when none does."""
+        failures: list[str] = []
+        last: httpx.TransportError | None = None
+        n = len(self.api_urls)
+        for step in range(n):
+            i = (self._current + step) % n
+            url = self.api_urls[i]
+            try:
+                r = self._http.request(method, url + path, **kw)
+            except httpx.TransportError as e:
+                last = e
+                failures.append(f"{url} is not reachable: {self._why(e)}")
+                never_sent = isinstance(e, httpx.ConnectError | httpx.ConnectTimeout)
+                if never_sent or method.upper() in _SAFE_METHODS:
+                    continue
+                break
+            self._current = i
+            return r
+        raise UnavailableError("Apiary API at " + "; ".join(failures)) from last
+
+    def _why(self, e: httpx.TransportError) -> str:
+        """One line on why a call failed in transit; a failed certificate verification names the
+        CA it was verified against and the setting that chooses it."""
+        bad_cert = _verify_failure(e)
+        if bad_cert is None:
+            return f"{type(e).__name__}: {e}"
+        against = f"the CA in {self._ca_cert} (APIARY_CA_CERT)" if self._ca_cert else \
+            "the system's CAs (set APIARY_CA_CERT to the platform CA's certificate)"
+        return f"TLS certificate verification failed against {against}: {bad_cert.verify_message or bad_cert}"
+
     def _call(self, method: str, path: str, **kw) -> httpx.Response:
-        try:
-            r = self._http.request(method, path, **kw)
-        except httpx.TransportError as e:
-            raise UnavailableError(f"Apiary API at {self.api_url} is not reachable: {e}") from e
+        r = self._send(method, path, **kw)
         if r.status_code >= 400:
             raise error_from_response(r.status_code, r.content)
         return r
@@ -45,10 +180,7 @@ class ApiaryClient:
         """``GET /healthz``'s body: ``status`` ``ok`` or ``unhealthy`` (with ``reason``), and
         ``clusterId``. An unhealthy platform (503 with a body) is answered, not raised: it is still
         the platform a home names. Raises :class:`UnavailableError` when unreachable."""
-        try:
-            r = self._http.request("GET", "/healthz")
-        except httpx.TransportError as e:
-            raise UnavailableError(f"Apiary API at {self.api_url} is not reachable: {e}") from e
+        r = self._send("GET", "/healthz")
         if r.status_code == 503:
             try:
                 body = r.json()

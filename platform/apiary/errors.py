@@ -188,6 +188,20 @@ class PortInUseError(UserError):
         super().__init__(f"port {port} on {host} is in use (another Apiary platform?)")
 
 
+class PlaintextTokenError(UserError):
+    """A client was about to send a token over plain HTTP to a host that is not loopback; it
+    refuses before connecting (:func:`apiary.client.check_token_transport`). HTTP 400-like: the
+    configuration is wrong and retrying unchanged fails again. The message names the settings to
+    change (``APIARY_API_URL`` to ``https://``, ``APIARY_CA_CERT``); ``url`` is the refused URL
+    (scheme, host and port only)."""
+
+    code = "PlaintextTokenError"
+
+    def __init__(self, message: str, url: str = "") -> None:
+        super().__init__(message)
+        self.url = url
+
+
 class PlatformError(ApiaryError):
     """Apiary or a backend failed; the request may succeed later. HTTP 500."""
 

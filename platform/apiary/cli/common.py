@@ -33,12 +33,15 @@ def settings() -> Settings:
 
 
 def api_client(token: str | None = None) -> ApiaryClient:
-    """A client of the platform in APIARY_API_URL, else of the one ``apiary up`` recorded in
-    APIARY_HOME, with ``token`` (default APIARY_TOKEN, else the file APIARY_HOME/token). A recorded
+    """A client of the platform in APIARY_API_URL (one URL, or the control-plane replicas'
+    comma-separated: the client fails over between them), else of the one ``apiary up`` recorded in
+    APIARY_HOME, with ``token`` (default APIARY_TOKEN, else the file APIARY_HOME/token), verifying
+    HTTPS against APIARY_CA_CERT (unset: the system's CAs). A recorded
     platform must prove it is that home's (its ``clusterId`` in /healthz): after a platform dies
     without cleaning up, another one may hold its port. Exits 1 (with the reason on stderr) when no
     platform is found or the one found is another home's; an unreachable one raises
-    UnavailableError, as any call."""
+    UnavailableError, as any call. A token bound for plain HTTP off loopback (PlaintextTokenError),
+    a malformed URL or an unreadable CA file exits 1 with the message, which names the setting."""
     from apiary.client import ApiaryClient
 
     current = settings()
@@ -46,7 +49,10 @@ def api_client(token: str | None = None) -> ApiaryClient:
     if not url:
         err.print("No Apiary platform found: run `apiary up` or set APIARY_API_URL.")
         raise typer.Exit(1)
-    client = ApiaryClient(url, token=token or current.resolved_token())
+    try:
+        client = ApiaryClient(url, token=token or current.resolved_token(), ca_cert=current.ca_cert)
+    except ApiaryError as e:  # a plain-HTTP URL for a token, a bad URL or CA file: the message names the setting
+        fail(e)
     expected = current.cluster_id()
     if current.api_url or expected is None:
         return client  # an explicit URL is trusted; a home from before cluster ids has nothing to check
