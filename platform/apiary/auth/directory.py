@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, or_, select
 from sqlalchemy.orm import Session
 
 from apiary.auth import tokens
@@ -324,24 +324,40 @@ class Directory:
         """A new token for ``subject`` (a user, node or service name). ``expires_in_s`` None:
         never expires. Raises NotFoundError for an unknown user, ValidationError for an unknown
         service or a non-positive lifetime."""
+        try:
+            with UnitOfWork(self._sessions, "create token") as uow:
+                new = self.add_token(uow, kind, subject, description=description, expires_in_s=expires_in_s)
+        except ConflictError as e:  # 48-bit id collision: astronomically rare, still an error
+            raise ConflictError("token id collision; try again") from e
+        logger.info("token created id=%s kind=%s subject=%s", new.info["id"], kind, subject)
+        return new
+
+    def add_token(self, uow: UnitOfWork, kind: Kind, subject: str, *, description: str = "",
+                  expires_in_s: float | None = None) -> NewToken:
+        """:meth:`create_token` inside the caller's unit of work ``uow``: the token exists once
+        ``uow`` commits, together with the caller's other writes, and not at all if it fails (a
+        node's join spends its bootstrap token and gets its agent token in one commit). Raises as
+        :meth:`create_token`; an id collision is the unit's ConflictError at its commit."""
         if expires_in_s is not None and expires_in_s <= 0:
             raise ValidationError("expiresInS", "must be positive (seconds)")
         if kind == "service" and subject not in SERVICES:
             raise ValidationError("subject", f"unknown service {subject!r}; one of {', '.join(SERVICES)}")
+        if kind == "user" and uow.s.get(User, subject) is None:
+            raise NoUserError(f"User {subject} not found.")
         minted = tokens.mint()
         now = self._clock()
-        try:
-            with UnitOfWork(self._sessions, "create token") as uow:
-                if kind == "user" and uow.s.get(User, subject) is None:
-                    raise NoUserError(f"User {subject} not found.")
-                row = Token(id=minted.id, digest=minted.digest, kind=kind, subject=subject, description=description,
-                            created=now, expires=None if expires_in_s is None else now + expires_in_s)
-                uow.s.add(row)
-                info = _token_info(row)
-        except ConflictError as e:  # 48-bit id collision: astronomically rare, still an error
-            raise ConflictError("token id collision; try again") from e
-        logger.info("token created id=%s kind=%s subject=%s", minted.id, kind, subject)
-        return NewToken(minted.token, info)
+        row = Token(id=minted.id, digest=minted.digest, kind=kind, subject=subject, description=description,
+                    created=now, expires=None if expires_in_s is None else now + expires_in_s)
+        uow.s.add(row)  # nothing to clear: the verified-token cache holds only tokens that exist
+        return NewToken(minted.token, _token_info(row))
+
+    def live_tokens(self, s: Session, kind: Kind, subject: str) -> list[str]:
+        """Ids of ``subject``'s tokens of ``kind`` that still authenticate (neither revoked nor
+        expired now), read in the caller's session ``s`` (a unit of work deciding on them)."""
+        now = self._clock()
+        q = select(Token.id).where(Token.kind == kind, Token.subject == subject, Token.revoked.is_(None),
+                                   or_(Token.expires.is_(None), Token.expires > now))
+        return sorted(s.scalars(q))
 
     def list_tokens(self, *, kind: Kind | None = None, subject: str | None = None) -> list[dict]:
         """Token metadata (never the secret), newest first."""
