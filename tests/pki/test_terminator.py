@@ -137,6 +137,7 @@ def test_bad_upstreams_are_refused(tmp_path: Path, certs: tuple[Path, Path, Path
     assert caught.value.field == field
 
 
+@pytest.mark.netns
 def test_in_a_host_the_plain_port_is_reachable_only_through_the_terminator(tmp_path: Path) -> None:
     """On a host of the netns harness: nginx on the host's address, the plain upstream on the
     host's own loopback. From the operator (another machine on the bridge) the TLS port answers
