@@ -157,3 +157,24 @@ def test_cleanup_stale_removes_what_a_killed_owner_left(netns_root):
             owner.wait(timeout=30)
         if prefix is not None:
             cleanup_stale(prefix, force=True)
+
+
+FORGETFUL_OWNER = """
+import json, sys
+from apiary.hosts.netns import Hosts
+h = Hosts(["a"], sys.argv[1]).up()
+p = h.run("a", ["sleep", "600"])
+print(json.dumps({"prefix": h.prefix, "pid": p.pid}), flush=True)
+"""
+
+
+def test_an_owner_that_exits_without_down_leaves_nothing(netns_root):
+    r = subprocess.run([sys.executable, "-c", FORGETFUL_OWNER, str(netns_root)], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert r.returncode == 0, r.stderr
+    made = json.loads(r.stdout)
+    try:
+        assert harness_objects(made["prefix"]) == []  # the finalizer ran at interpreter exit
+        assert gone(made["pid"])
+    finally:
+        cleanup_stale(made["prefix"], force=True)

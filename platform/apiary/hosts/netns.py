@@ -352,7 +352,9 @@ class Hosts:
         if why is not None:
             raise HostsError(why)
         cleanup_stale()
-        self.root.mkdir(parents=True, exist_ok=True)
+        if not self.root.is_dir():
+            self.root.mkdir(parents=True)
+            os.chmod(self.root, 0o711)  # explicit: the platform's umask (077) would make it 0700
         k = self._claim_index()
         prefix = self._h.prefix
         self._h.bridge = f"{prefix}br"
