@@ -254,3 +254,11 @@ def test_the_cli_verifies_against_apiary_ca_cert_and_fails_over(monkeypatch: pyt
         result = CliRunner().invoke(cli.app, ["node", "list", "--json"])
         assert result.exit_code == 0, result.output
         assert "worker-1" in result.output
+
+
+def test_an_in_process_fake_transport_may_carry_a_token_to_any_name() -> None:
+    """httpx.MockTransport answers inside the process: nothing reaches a network to protect."""
+    transport, calls = replicas({"apiary.test": 200})
+    assert ApiaryClient("http://apiary.test", transport=transport, token="t").nodes()["message"] == "from apiary.test"
+    with pytest.raises(PlaintextTokenError):
+        ApiaryClient("http://apiary.test", transport=httpx.HTTPTransport(), token="t")

@@ -23,6 +23,10 @@ from apiary.errors import PlaintextTokenError, UnavailableError, ValidationError
 #: they are retried on the next replica; other methods only when the connection was never made.
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
+#: Transports that answer inside this process (tests' fakes): nothing they carry reaches a network,
+#: so :func:`check_token_transport` does not apply to them.
+_IN_PROCESS_TRANSPORTS = (httpx.MockTransport, httpx.WSGITransport)
+
 
 def split_api_urls(api_url: str) -> list[str]:
     """The control-plane replicas' URLs of ``api_url`` (one URL, or several comma-separated), each
@@ -105,14 +109,17 @@ class ApiaryClient:
     Other calls that fail in transit are not retried (a POST may have been committed), and error
     answers (4xx, 5xx) never are. ``ca_cert``: the platform CA (PEM) HTTPS is verified against
     (None: httpx's default CAs). Raises :class:`~apiary.errors.PlaintextTokenError` at construction
-    when a token would go over plain HTTP to a host that is not loopback.
+    when a token would go over plain HTTP to a host that is not loopback (unless ``transport`` is
+    an in-process fake, ``httpx.MockTransport`` or ``httpx.WSGITransport``, which sends nothing
+    over a network).
     """
 
     def __init__(self, api_url: str, timeout: float = 30.0, transport: httpx.BaseTransport | None = None,
                  token: str | None = None, ca_cert: Path | None = None) -> None:
         self.api_urls = split_api_urls(api_url)
-        for url in self.api_urls:
-            check_token_transport(url, token)
+        if not isinstance(transport, _IN_PROCESS_TRANSPORTS):
+            for url in self.api_urls:
+                check_token_transport(url, token)
         self._current = 0
         self._timeout = timeout
         self._transport = transport
