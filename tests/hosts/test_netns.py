@@ -16,6 +16,7 @@ import pytest
 from tests.hosts.helpers import connect, ping
 from tests.support.polling import until
 
+from apiary.hosts import netns
 from apiary.hosts.netns import ETC_NETNS, REGISTRY, Hosts, HostsError, cleanup_stale, hosts
 
 pytestmark = pytest.mark.netns
@@ -107,17 +108,25 @@ def test_netem_delays_packets(netns_root):
         h.netem("b")  # removed
 
 
-def test_teardown_stops_every_process_in_the_hosts_and_removes_everything(netns_root):
+IGNORES_SIGTERM = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                   "print(1, flush=True); time.sleep(600)")
+
+
+def test_teardown_stops_every_process_in_the_hosts_and_removes_everything(netns_root, monkeypatch):
+    monkeypatch.setattr(netns, "STOP_GRACE_S", 1.0)
     h = Hosts(["a"], netns_root).up()
     prefix = h.prefix
     started = h.run("a", ["sleep", "600"])
+    stubborn = h.run("a", [sys.executable, "-c", IGNORES_SIGTERM], stdout=subprocess.PIPE)
+    assert stubborn.stdout is not None and stubborn.stdout.readline().strip() == b"1"
     # A process that left the started one's session and group: found by its namespace.
     escaped = h.run("a", ["sh", "-c", "setsid sleep 600 & echo $!; wait"], stdout=subprocess.PIPE)
     assert escaped.stdout is not None
     escaped_pid = int(escaped.stdout.readline())
     until(lambda: {started.pid, escaped_pid} <= set(h.pids("a")), 10, "processes in host a")
     h.down()
-    assert started.returncode is not None
+    assert started.returncode == -signal.SIGTERM
+    assert stubborn.returncode == -signal.SIGKILL  # after the grace
     until(lambda: gone(escaped_pid), 15, "the escaped process to be killed")
     assert harness_objects(prefix) == []
     h.down()  # idempotent
