@@ -12,6 +12,11 @@
 
 Either problem makes ``/healthz`` answer 503 with the reasons. A full PostgreSQL disk is not probed
 (the server refuses commits; a rolled-back write does not reach its disk).
+
+Beside its health, ``/healthz`` says the replica's role (:class:`ReplicaRole`: ``role`` leader or
+follower, ``leader`` the leader's URL, ``epoch`` the lease's epoch, ``replica`` this replica's
+identity, ``fencedWrites`` how many of its commits the fence refused); the replica middleware
+(:mod:`apiary.api.replica`) adds them to every answer.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from sqlalchemy import text
 
@@ -89,3 +96,31 @@ class HealthCheck:
                 self._store, self._probed = problem, now
             store = self._store
         return ([store] if store else []) + self.agent_problems()
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRole:
+    """A control-plane replica's place among the replicas, as ``/healthz`` answers it.
+
+    ``role``: ``leader`` (it holds the lease and its leader-only work runs: it serves every request)
+    or ``follower`` (it serves reads from the store and forwards the rest to ``leader_url``);
+    ``leader_url``: the leader's advertised URL, "" while no leader is known (an empty or expired
+    lease, or this replica took the lease and is still rebuilding its memory); ``epoch``: the lease's
+    epoch as last read (None before the first read; 0 for the one SQLite replica); ``replica``: this
+    replica's identity in the lease; ``fenced_writes``: commits of this process the fence refused.
+    """
+
+    role: Literal["leader", "follower"]
+    leader_url: str
+    epoch: int | None
+    replica: str
+    fenced_writes: int = 0
+
+    @property
+    def leading(self) -> bool:
+        return self.role == "leader"
+
+    def fields(self) -> dict:
+        """``{"role", "leader", "epoch", "replica", "fencedWrites"}`` for ``/healthz``'s body."""
+        return {"role": self.role, "leader": self.leader_url, "epoch": self.epoch, "replica": self.replica,
+                "fencedWrites": self.fenced_writes}
