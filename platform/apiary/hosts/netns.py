@@ -315,6 +315,13 @@ class _Harness:
         logger.info("hosts down prefix=%s hosts=%s", self.prefix, ",".join(self.hosts))
 
 
+def _teardown_in(harness: _Harness, pid: int) -> None:
+    """``harness.teardown()`` when run by process ``pid``: a forked child inherits the finalizer
+    and must not tear down its parent's hosts when it exits."""
+    if os.getpid() == pid:
+        harness.teardown()
+
+
 class Hosts:
     """N hosts as network namespaces on one bridge (see the module docstring for the layout).
 
@@ -360,7 +367,7 @@ class Hosts:
         self._h.bridge = f"{prefix}br"
         self._h.registered = True
         if not self.detached:
-            self._finalizer = weakref.finalize(self, self._h.teardown)
+            self._finalizer = weakref.finalize(self, _teardown_in, self._h, os.getpid())
         try:
             for i, name in enumerate(self.names, start=1):
                 state = self.root / name
