@@ -5,6 +5,7 @@ platform CA (a real uvicorn on loopback with a certificate of :mod:`apiary.pki`)
 
 from __future__ import annotations
 
+import json
 import ssl
 import threading
 from collections.abc import Iterator
@@ -262,3 +263,19 @@ def test_an_in_process_fake_transport_may_carry_a_token_to_any_name() -> None:
     assert ApiaryClient("http://apiary.test", transport=transport, token="t").nodes()["message"] == "from apiary.test"
     with pytest.raises(PlaintextTokenError):
         ApiaryClient("http://apiary.test", transport=httpx.HTTPTransport(), token="t")
+
+
+def test_bootstrap_token_calls_send_the_apis_shapes() -> None:
+    seen: list[tuple[str, str, bytes]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path, request.content))
+        return httpx.Response(200, json={"id": "abcdef"} if request.method != "GET" else [])
+
+    client = ApiaryClient("http://127.0.0.1:1", transport=httpx.MockTransport(handler), token="admin")
+    assert client.create_bootstrap_token(ttl_s=600, node="worker-1") == {"id": "abcdef"}
+    assert client.bootstrap_tokens() == []
+    assert client.revoke_bootstrap_token("abcdef") == {"id": "abcdef"}
+    assert [(m, p) for m, p, _ in seen] == [("POST", "/api/v2/bootstrap-tokens"), ("GET", "/api/v2/bootstrap-tokens"),
+                                            ("DELETE", "/api/v2/bootstrap-tokens/abcdef")]
+    assert json.loads(seen[0][2]) == {"ttlSeconds": 600, "node": "worker-1", "description": ""}

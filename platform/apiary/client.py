@@ -304,6 +304,22 @@ class ApiaryClient:
     def revoke_token(self, token_id: str) -> dict:
         return self._call("DELETE", f"/api/v2/tokens/{token_id}").json()
 
+    # ------------------------------------------------------------------ joining nodes
+    def create_bootstrap_token(self, ttl_s: float = 3600.0, node: str | None = None, description: str = "") -> dict:
+        """A bootstrap token that joins one node (``node``; None: any node not joined yet) for
+        ``ttl_s`` seconds (admins; ``POST /api/v2/bootstrap-tokens``): ``{"token": "<id>.<secret>",
+        "id", "node", "expires", ...}``; the token is shown once."""
+        return self._call("POST", "/api/v2/bootstrap-tokens", json={
+            "ttlSeconds": ttl_s, "node": node, "description": description}).json()
+
+    def bootstrap_tokens(self) -> builtins.list[dict]:
+        """Every bootstrap token, newest first, without secrets (admins)."""
+        return self._call("GET", "/api/v2/bootstrap-tokens").json()
+
+    def revoke_bootstrap_token(self, token_id: str) -> dict:
+        """Revoke a bootstrap token (admins; idempotent); the token's record."""
+        return self._call("DELETE", f"/api/v2/bootstrap-tokens/{token_id}").json()
+
     def wait(self, job_id: str, timeout: float | None = None, poll_s: float = 0.5,
              states: tuple[str, ...] = ("SUCCEEDED", "FAILED", "STOPPED")) -> dict:
         """Poll until the job reaches one of ``states``; raises TimeoutError after ``timeout`` s."""

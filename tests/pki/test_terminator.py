@@ -166,7 +166,9 @@ def test_in_a_host_the_plain_port_is_reachable_only_through_the_terminator(tmp_p
             until(lambda: hosts.exec("prefect", [sys.executable, "-c", probe]).returncode == 0,
                   30, "the plain upstream inside the host")
             with Terminator(address, 8443, f"http://127.0.0.1:{plain_port}", cert, key,
-                            hosts.state_dir("prefect") / "nginx", prefix=hosts.argv("prefect", [])) as t:
+                            hosts.state_dir("prefect") / "nginx",
+                            runner=lambda argv: hosts.run("prefect", argv)) as t:
+                assert t._process is not None and t._process.pid in hosts.pids("prefect")
                 r = httpx.get(f"https://{address}:8443/hello.txt", verify=http_verify(ca), timeout=30)
                 assert r.status_code == 200 and r.text == "hello from the plain upstream\n"
                 with pytest.raises(httpx.ConnectError):

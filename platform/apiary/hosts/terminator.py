@@ -47,7 +47,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
@@ -102,10 +102,12 @@ class Terminator:
     ``cert``/``key``: the server certificate (signed by the platform CA, its SANs naming the
     addresses clients use) and its key (0600; nginx's master reads it before any worker starts,
     so it may stay readable by root only). ``workdir``: where the config, pid file, logs and temp
-    directories go (created). ``prefix``: an argv prefix to run nginx with, e.g.
-    ``hosts.argv("prefect", [])`` (``ip netns exec <ns>``) to run it inside a host of
-    :class:`apiary.hosts.netns.Hosts`. ``read_timeout_s``: how long a proxied connection may stay
-    quiet (long polls, websockets), seconds.
+    directories go (created). ``runner``: starts the command line instead of this object, e.g.
+    ``lambda argv: hosts.run("prefect", argv)`` to run nginx inside a host of
+    :class:`apiary.hosts.netns.Hosts` (which then tracks and stops it too); it must return the
+    nginx process itself (``ip netns exec`` execs nginx, keeping the pid).
+    ``read_timeout_s``: how long a proxied connection may stay quiet (long polls, websockets),
+    seconds.
 
     Raises :class:`~apiary.errors.ValidationError` naming the argument for an upstream that is
     not ``http://<loopback>:<port>`` without a path, a port outside 1..65535, or a missing
@@ -113,7 +115,8 @@ class Terminator:
     """
 
     def __init__(self, listen_host: str, listen_port: int, upstream_url: str, cert: Path, key: Path,
-                 workdir: Path, *, prefix: Sequence[str] = (), read_timeout_s: float = 300.0) -> None:
+                 workdir: Path, *, runner: Callable[[list[str]], subprocess.Popen[bytes]] | None = None,
+                 read_timeout_s: float = 300.0) -> None:
         if not 0 < listen_port < 65536:
             raise ValidationError("listen_port", f"{listen_port} is not a TCP port")
         up = urlsplit(upstream_url)
@@ -131,7 +134,7 @@ class Terminator:
         self.upstream_url = f"http://{up.netloc}"
         self.cert, self.key = cert.resolve(), key.resolve()
         self.workdir = workdir.resolve()
-        self.prefix = list(prefix)
+        self.runner = runner
         self.read_timeout_s = read_timeout_s
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -209,9 +212,9 @@ http {{
 """
 
     def argv(self) -> list[str]:
-        """The command line that runs nginx with this config (``prefix`` included). ``-e`` sends
-        the errors of start-up, before the config is read, to the work directory's log too."""
-        return [*self.prefix, str(find_nginx()), "-p", str(self.workdir), "-c", str(self.config_path),
+        """The command line that runs nginx with this config. ``-e`` sends the errors of start-up,
+        before the config is read, to the work directory's log too."""
+        return [str(find_nginx()), "-p", str(self.workdir), "-c", str(self.config_path),
                 "-e", str(self.error_log)]
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -232,9 +235,12 @@ http {{
         self.config_path.write_text(self.render(), encoding="utf-8")
         self.pid_path.unlink(missing_ok=True)
         argv = self.argv()
-        with open(self.workdir / "nginx.out", "ab") as out:
-            self._process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                             cwd=self.workdir, start_new_session=True)
+        if self.runner is not None:
+            self._process = self.runner(argv)
+        else:
+            with open(self.workdir / "nginx.out", "ab") as out:
+                self._process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                                 stderr=subprocess.STDOUT, cwd=self.workdir, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
@@ -270,7 +276,10 @@ http {{
                 p.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(p.pid, signal.SIGKILL)
+                    if os.getpgid(p.pid) == p.pid:  # its own group: the workers go too
+                        os.killpg(p.pid, signal.SIGKILL)
+                    else:
+                        p.kill()
                 p.wait(timeout=10)
         self._process = None
 
