@@ -279,3 +279,12 @@ def test_bootstrap_token_calls_send_the_apis_shapes() -> None:
     assert [(m, p) for m, p, _ in seen] == [("POST", "/api/v2/bootstrap-tokens"), ("GET", "/api/v2/bootstrap-tokens"),
                                             ("DELETE", "/api/v2/bootstrap-tokens/abcdef")]
     assert json.loads(seen[0][2]) == {"ttlSeconds": 600, "node": "worker-1", "description": ""}
+
+
+def test_with_several_replicas_a_connection_waits_briefly_before_the_next() -> None:
+    from apiary.client import FAILOVER_CONNECT_TIMEOUT_S
+
+    single = ApiaryClient("https://cp-1", timeout=30)
+    several = ApiaryClient("https://cp-1,https://cp-2", timeout=30)
+    assert single._http.timeout.connect == 30 and single._http.timeout.read == 30
+    assert several._http.timeout.connect == FAILOVER_CONNECT_TIMEOUT_S and several._http.timeout.read == 30

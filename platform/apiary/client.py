@@ -23,6 +23,11 @@ from apiary.errors import PlaintextTokenError, UnavailableError, ValidationError
 #: they are retried on the next replica; other methods only when the connection was never made.
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
+#: With several replicas, how long a connection (TCP and TLS handshake) may take before the next
+#: replica is tried, seconds: a replica whose host is down or cut off answers nothing, and waiting
+#: the whole call timeout for it would outlast the leader lease (6 s) that replaces it.
+FAILOVER_CONNECT_TIMEOUT_S = 3.0
+
 #: Transports that answer inside this process (tests' fakes): nothing they carry reaches a network,
 #: so :func:`check_token_transport` does not apply to them.
 _IN_PROCESS_TRANSPORTS = (httpx.MockTransport, httpx.WSGITransport)
@@ -106,12 +111,13 @@ class ApiaryClient:
     ``api_url``: one URL or several comma-separated (control-plane replicas). A call whose
     connection cannot be made (refused, timed out, TLS handshake failed) is tried on the next URL,
     and so is a GET/HEAD that failed in transit; the client then keeps to the URL that answered.
-    Other calls that fail in transit are not retried (a POST may have been committed), and error
-    answers (4xx, 5xx) never are. ``ca_cert``: the platform CA (PEM) HTTPS is verified against
-    (None: httpx's default CAs). Raises :class:`~apiary.errors.PlaintextTokenError` at construction
-    when a token would go over plain HTTP to a host that is not loopback (unless ``transport`` is
-    an in-process fake, ``httpx.MockTransport`` or ``httpx.WSGITransport``, which sends nothing
-    over a network).
+    ``timeout`` bounds each call, seconds; with several URLs a connection may take at most
+    :data:`FAILOVER_CONNECT_TIMEOUT_S` before the next is tried. Other calls that fail in transit
+    are not retried (a POST may have been committed), and error answers (4xx, 5xx) never are.
+    ``ca_cert``: the platform CA (PEM) HTTPS is verified against (None: httpx's default CAs).
+    Raises :class:`~apiary.errors.PlaintextTokenError` at construction when a token would go over
+    plain HTTP to a host that is not loopback (unless ``transport`` is an in-process fake,
+    ``httpx.MockTransport`` or ``httpx.WSGITransport``, which sends nothing over a network).
     """
 
     def __init__(self, api_url: str, timeout: float = 30.0, transport: httpx.BaseTransport | None = None,
@@ -125,9 +131,10 @@ class ApiaryClient:
         self._transport = transport
         self._ca_cert = ca_cert
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        connect = min(timeout, FAILOVER_CONNECT_TIMEOUT_S) if len(self.api_urls) > 1 else timeout
         # transport: tests pass httpx.MockTransport.
-        self._http = httpx.Client(timeout=timeout, transport=transport, headers=headers,
-                                  verify=http_verify(ca_cert))
+        self._http = httpx.Client(timeout=httpx.Timeout(timeout, connect=connect), transport=transport,
+                                  headers=headers, verify=http_verify(ca_cert))
 
     @property
     def api_url(self) -> str:
