@@ -780,6 +780,16 @@ def test_values_keys_default(tmp_path: Path):
     assert info.value.field == "clusterConfig"
 
 
+def test_the_shipped_values_need_the_operators_ca_pin(tmp_path: Path):
+    """deploy/kubernetes/values.yaml renders once agent.caCertHash is set, and not before: the
+    agents cannot join without the pin, and no pin is right for every cluster."""
+    assert DEFAULTS.agent.ca_cert_hash is None
+    with pytest.raises(ValidationError) as info:
+        render(VALUES, tmp_path / "out")
+    assert info.value.field == "agent.caCertHash" and "apiary ca hash" in info.value.message
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_new_render_replaces_its_earlier_files_and_keeps_others(tmp_path: Path):
     out = tmp_path / "out"
     out.mkdir()
