@@ -56,7 +56,7 @@ def _target(target: str | None, token: str | None) -> tuple[str, str]:
         raise typer.Exit(1)
     expected = settings.cluster_id()
     if target is None and not settings.api_url and expected is not None:
-        c = ApiaryClient(url, token=tok)
+        c = ApiaryClient(url, token=tok, ca_cert=settings.ca_cert)
         try:
             answered = c.health().get("clusterId")
         except ApiaryError as e:

@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from apiary.cli.aiops import aiops_app
+from apiary.cli.ca import ca_app
 from apiary.cli.chaos import chaos_app
 from apiary.cli.ci import ci_app
 from apiary.cli.common import api_client, err, fail, settings, setup_logging
@@ -59,6 +60,7 @@ app.add_typer(ci_app, name="ci")
 app.add_typer(incident_app, name="incident")
 app.add_typer(aiops_app, name="aiops")
 app.add_typer(hosts_app, name="hosts")
+app.add_typer(ca_app, name="ca")
 app.command("oncall")(oncall_command)
 add_identity_commands(app, lambda token=None: _client(token), lambda e: _fail(e))
 console = Console()
