@@ -44,8 +44,20 @@ class NodeService:
     def __init__(self, cache: PlaneCache) -> None:
         self.cache = cache
 
+    @property
+    def node_lost_after_s(self) -> float:
+        """The node-lost grace, seconds (``APIARY_NODE_LOST_AFTER_S``): a node whose agent has not
+        reported for longer is lost (:meth:`check_lost_nodes`). Agents are told it with every
+        answer (:data:`apiary.runtime.link.GRACE_HEADER`) and fence themselves before it ends."""
+        return self.cache.node_lost_after_s
+
     def check_lost_nodes(self) -> None:
-        """Nodes silent for longer than ``node_lost_after_s``: unhealthy, their runs failed (lock held)."""
+        """Nodes silent for longer than ``node_lost_after_s``: unhealthy, their runs failed (lock held).
+
+        Each runs' task ends with -1001 PodNodeLost and its job is placed again (a platform
+        retry). A late report of such a run from its node (the node was cut off, not dead; its
+        agent fenced the run itself, :mod:`apiary.runtime.link`) is acknowledged and changes
+        nothing: the task is final (:meth:`node_report`)."""
         now = self.cache.clock()
         lost = sorted(n for n, seen in self.cache.heartbeats.items()  # (a reconfig drops nodes)
                       if now - seen > self.cache.node_lost_after_s and n in self.cache.node_names)

@@ -11,7 +11,25 @@ finished job's logs are complete when its exit is recorded.
 Never twice: launches are idempotent by run id in the backend (it survives an agent restart), and
 a run whose exit the control plane acknowledged is tombstoned here and never launched again, even
 if a stale assignment list still names it. Control-plane outages are ridden out with backoff;
-tasks keep running meanwhile.
+tasks keep running meanwhile, up to a point:
+
+Self-fencing (:mod:`apiary.runtime.link` says why and how the timing is safe). An agent whose
+reports have not been answered by any control-plane replica for the node-lost grace less
+:func:`~apiary.runtime.link.self_fence_margin_s` stops all its runs (SIGTERM,
+:data:`~apiary.runtime.link.FENCE_STOP_GRACE_S`, SIGKILL) and launches nothing until a report is
+answered again: by then the control plane may have placed them on another node, and a task
+instance must never run on two nodes at once. The runs it fenced are reported exited with
+EXIT_NODE_LOST (-1001 PodNodeLost), the code the control plane gives the runs of a lost node: if
+it already failed them as lost and placed the job elsewhere, the late report is acknowledged and
+ignored (the task is final); if the partition ended before the grace, the job is retried as a
+platform retry. They are never launched again here. On by default unless every control-plane URL
+is loopback (one host: no network can part the agent from the control plane, so losing contact
+means the control plane is down, and one that comes back grants a fresh grace).
+
+Replicas: the agent is given every control-plane URL (a list, or comma-separated); a transport
+error or a 502/503/504 moves it to the next one. HTTPS is verified as ``run_agents``' ``verify``
+says (:func:`apiary.client.http_verify`), and the node's token never goes over plain HTTP to a
+host that is not loopback (:func:`apiary.client.check_token_transport`).
 
 An agent survives any launch error: a run whose assignment cannot be launched (a backend error, a
 malformed assignment) is reported exited with EXIT_LAUNCH_FAILED, and one failing reconcile is
@@ -29,21 +47,33 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import logging
 import os
+import ssl
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
+from apiary.client import check_token_transport
 from apiary.errors import UnavailableError, ValidationError
-from apiary.lifecycle import EXIT_LAUNCH_FAILED, EXIT_LIVENESS_FAILED
+from apiary.lifecycle import EXIT_LAUNCH_FAILED, EXIT_LIVENESS_FAILED, EXIT_NODE_LOST
 from apiary.procutil import write_probe
 from apiary.runtime.base import RuntimeBackend, TaskLaunch, TaskStatus
+from apiary.runtime.link import (
+    DEFAULT_NODE_LOST_AFTER_S,
+    FENCE_STOP_GRACE_S,
+    GRACE_HEADER,
+    ContactClock,
+    Replicas,
+    all_loopback,
+)
 from apiary.runtime.probes import ExecAction, Prober, monotonic_from_wall, probes_from_wire
 
 if TYPE_CHECKING:  # imported for real in run_agents: agents without metrics never load it
@@ -70,18 +100,34 @@ MAX_INLINE_LOG_BYTES = 64 * 1024
 #: Set for tasks on a GPU with an injected ``degraded`` fault: the slowdown factor (a simulation;
 #: examples/stress/bench.py honours it).
 SLOWDOWN_ENV = "APIARY_SIMULATED_SLOWDOWN"
+#: Answers after which the agent tries the next control-plane replica: a proxy or load balancer
+#: without a healthy backend (502, 504), a replica that cannot serve now (503).
+FAILOVER_STATUSES = frozenset({502, 503, 504})
+#: While fenced: seconds between checks that nothing runs, and between assignment polls (each
+#: answered at once, not long-polled, so the first one after contact is back applies them).
+FENCED_RECHECK_S = 1.0
 _STREAMS: tuple[Literal["stdout"], Literal["stderr"]] = ("stdout", "stderr")
 _StreamKey = tuple[str, Literal["stdout", "stderr"]]  # (run id, stream)
 
 
 class NodeAgent:
     """The agent of one node. ``run`` until ``stop`` is set; on stop it leaves tasks running
-    unless ``kill_tasks_on_exit`` (a clean shutdown of the embedded platform sets it)."""
+    unless ``kill_tasks_on_exit`` (a clean shutdown of the embedded platform sets it).
+
+    ``api_url``: the control-plane replicas (one URL, several comma-separated, or a list; see
+    :class:`~apiary.runtime.link.Replicas`). ``self_fence``: stop every run after the node-lost
+    grace less the margin without an answered report (module doc); None (default): on unless
+    every URL is loopback. ``contact``: the :class:`~apiary.runtime.link.ContactClock` to count
+    with (default: a new one assuming the default grace, kept in memory only). Raises
+    :class:`~apiary.errors.ValidationError` (field ``APIARY_API_URL``) for a malformed URL and
+    :class:`~apiary.errors.PlaintextTokenError` when ``token`` would go over plain HTTP to a host
+    that is not loopback.
+    """
 
     def __init__(
         self,
         node: str,
-        api_url: str,
+        api_url: str | Sequence[str],
         backend: RuntimeBackend,
         client: httpx.AsyncClient,
         *,
@@ -91,11 +137,23 @@ class NodeAgent:
         workdir: str | None = None,
         metrics_url: str | None = None,
         token: str | None = None,
+        self_fence: bool | None = None,
+        contact: ContactClock | None = None,
     ) -> None:
         self.node = node
+        self.replicas = Replicas(api_url)
+        for url in self.replicas.urls:
+            check_token_transport(url, token)
         # The node's own credential: the control plane lets it act for this node only.
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
-        self.api = api_url.rstrip("/")
+        self.self_fence = not all_loopback(self.replicas.urls) if self_fence is None else self_fence
+        self.contact = contact or ContactClock()
+        #: True from the moment the agent fenced itself until a report is answered again.
+        self.fenced = False
+        # Set when the grace changed: the fence watchdog sleeping until the old deadline wakes up.
+        self._grace_changed = asyncio.Event()
+        # Runs stopped by self-fencing, reported with EXIT_NODE_LOST and never launched again.
+        self._fenced: set[str] = set()
         self.backend = backend
         self.client = client
         self.gpus = gpus
@@ -124,14 +182,78 @@ class NodeAgent:
         self._record_probed = float("-inf")
         self._sent_problem: str | None = None
 
+    @property
+    def api(self) -> str:
+        """The control-plane URL the agent talks to now (no trailing ``/``)."""
+        return self.replicas.current
+
     # ------------------------------------------------------------------ main loops
     async def run(self, stop: asyncio.Event) -> None:
-        watch = asyncio.create_task(self._watch(stop))
-        report = asyncio.create_task(self._report(stop))
+        loops = [asyncio.create_task(self._watch(stop)), asyncio.create_task(self._report(stop))]
+        if self.self_fence:
+            loops.append(asyncio.create_task(self._fence_watch(stop)))
         await stop.wait()
-        for t in (watch, report):
+        for t in loops:
             t.cancel()
-        await asyncio.gather(watch, report, return_exceptions=True)
+        await asyncio.gather(*loops, return_exceptions=True)
+
+    async def _request(self, method: str, path: str, *, timeout: float | httpx.Timeout,
+                       headers: dict[str, str] | None = None, **kw: Any) -> httpx.Response:
+        """``method`` ``path`` on the current replica with the node's token; a transport error or
+        a :data:`FAILOVER_STATUSES` answer moves to the next replica (and raises, as
+        ``raise_for_status`` does for any error answer): the caller's loop retries."""
+        url = self.replicas.current
+        try:
+            r = await self.client.request(method, f"{url}{path}", timeout=timeout,
+                                          headers={**self._auth, **(headers or {})}, **kw)
+        except httpx.TransportError:
+            self.replicas.failed(url)
+            raise
+        if r.status_code in FAILOVER_STATUSES:
+            self.replicas.failed(url)
+        r.raise_for_status()
+        return r
+
+    # ------------------------------------------------------------------ self-fencing
+    async def _fence_watch(self, stop: asyncio.Event) -> None:
+        """Sleep until the contact clock's deadline (or until the control plane names another
+        grace); past it, fence (and, while fenced, check every FENCED_RECHECK_S that nothing
+        runs: a stop that failed is tried again)."""
+        while not stop.is_set():
+            wait = self.contact.until_fence_s()
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._grace_changed.wait(), wait)
+                self._grace_changed.clear()
+                continue
+            try:
+                await self.fence()
+            except Exception as exc:  # a backend error must not end the watchdog: try again
+                logger.error("node=%s self-fencing failed, retrying: %s", self.node, describe_error(exc))
+            await asyncio.sleep(FENCED_RECHECK_S)
+
+    async def fence(self) -> list[str]:
+        """Fence the node now: launch nothing more and stop every running run, each with
+        FENCE_STOP_GRACE_S of SIGTERM before SIGKILL, concurrently; returns the run ids stopped.
+        Idempotent. Stays fenced until a report is answered (:meth:`_report_once`)."""
+        if not self.fenced:
+            logger.error("node=%s no control plane answered for %.1f s (node-lost grace %.1f s): "
+                         "stopping all runs and launching nothing until one answers (self-fencing)",
+                         self.node, self.contact.silent_for(), self.contact.grace_s)
+        # Set before listing: a launch that begins from here on is refused, and one already under
+        # way stops its run itself when it returns (_launch).
+        self.fenced = True
+        listed = await asyncio.to_thread(self.backend.list)
+        running = [s.run_id for s in listed if s.state == "running"]
+        for run_id in running:
+            self._fenced.add(run_id)
+            self.prober.forget(run_id)  # a probe of a killed task would turn the exit into a liveness failure
+        await asyncio.gather(*(asyncio.to_thread(self.backend.stop, run_id, FENCE_STOP_GRACE_S)
+                               for run_id in running))
+        if running:
+            logger.warning("node=%s self-fenced runs=%s", self.node, ",".join(running))
+            self._report_now.set()
+        return running
 
     async def stop_all(self) -> None:
         runs = await asyncio.to_thread(self.backend.list)
@@ -162,18 +284,22 @@ class NodeAgent:
     async def _watch_once(self, generation: int | None, backoff: float) -> tuple[int | None, float]:
         """One long poll of the assignments and their reconcile; returns the next ``(generation,
         backoff)``. Raises whatever applying a malformed answer raises (``_watch`` logs it)."""
-        params = {} if generation is None else {"generation": generation, "wait": LONG_POLL_S}
+        params = {} if generation is None or self.fenced else {"generation": generation, "wait": LONG_POLL_S}
+        # The connection itself gets the exchange timeout: a replica that swallows packets is
+        # left as soon as a report to it would be.
+        timeout = httpx.Timeout(LONG_POLL_S + 5, connect=self.contact.exchange_timeout_s())
         try:
-            r = await self.client.get(
-                f"{self.api}/api/v2/nodes/{self.node}/assignments", params=params, timeout=LONG_POLL_S + 5,
-                headers=self._auth,
-            )
-            r.raise_for_status()
+            r = await self._request("GET", f"/api/v2/nodes/{self.node}/assignments", params=params, timeout=timeout)
             data = r.json()
         except (httpx.HTTPError, ValueError) as e:
             logger.debug("node=%s assignments unavailable: %s", self.node, e)
             await asyncio.sleep(backoff)
             return None, min(backoff * 2, 2.0)
+        if self.fenced:
+            # Nothing is applied until a report is answered (only that renews the control plane's
+            # grace): then the next poll, at most FENCED_RECHECK_S away, applies the assignments.
+            await asyncio.sleep(FENCED_RECHECK_S)
+            return None, 0.2
         generation = data["generation"]
         # Faults first: a task launched in this reconcile already runs on a degraded GPU
         # queued before it was assigned.
@@ -248,7 +374,7 @@ class NodeAgent:
         # No write probe before launching: a backend writes its run record before it starts
         # anything and refuses the launch when it cannot, and _launch then defers the run.
         for run_id, a in wanted.items():
-            if run_id in self._tombstones or run_id in self._failed:
+            if run_id in self._tombstones or run_id in self._failed or run_id in self._fenced:
                 continue
             if a.get("desired") == "RUN":
                 self._launch(run_id, a)
@@ -289,7 +415,14 @@ class NodeAgent:
             spec = a["launch"]
             env = self._env(spec["env"], spec.get("gpus"))
             launch = TaskLaunch(**{**spec, "workdir": self.workdir, "env": env})
+            if self.fenced:
+                logger.warning("node=%s run=%s launch deferred: the node is self-fenced", self.node, run_id)
+                return
             st = self.backend.launch(launch)
+            if self.fenced:  # the node fenced itself while this launch ran: its run must not outlive the fence
+                self._fenced.add(run_id)
+                self.backend.stop(run_id, FENCE_STOP_GRACE_S)
+                return
         except UnavailableError as e:
             # dockerd or the API server is away for a moment: not the task's fault, and
             # -1203 would be permanent. The next assignment poll launches it again.
@@ -426,8 +559,12 @@ class NodeAgent:
         statuses = [s for s in statuses if s.run_id not in self._tombstones and s.run_id not in self._failed]
         statuses += list(self._failed.values())
         # A task killed for failing its liveness probe is a failure with the platform's exit code
-        # (EXIT_LIVENESS_FAILED), not the 143/137 of the stop itself.
+        # (EXIT_LIVENESS_FAILED), not the 143/137 of the stop itself; one killed by self-fencing
+        # ended because its node lost the control plane (EXIT_NODE_LOST), as the control plane
+        # records the runs of a lost node. A fenced run that exited on its own keeps its code.
         statuses = [
+            dataclasses.replace(s, exit_code=EXIT_NODE_LOST, stopped=False, lost=False)
+            if s.state == "exited" and s.run_id in self._fenced and s.stopped else
             dataclasses.replace(s, exit_code=EXIT_LIVENESS_FAILED, stopped=False)
             if s.state == "exited" and s.run_id in self._liveness_failed else s
             for s in statuses
@@ -439,6 +576,7 @@ class NodeAgent:
         # New output rides in the report while it is small (a short task's output and its exit
         # in one request); more goes first with POST .../logs, chunk by chunk.
         inline, rest = self._new_output(statuses)
+        sent = self.contact.clock()  # before anything is sent: the contact is counted from here
         await self._ship_logs(rest)
         now = time.monotonic()
         if not changed and not inline and problem == self._sent_problem and now - self._last_beat < HEARTBEAT_S:
@@ -466,9 +604,9 @@ class NodeAgent:
                 {"runId": run_id, "stream": stream, "offset": offset, "data": base64.b64encode(data).decode()}
                 for (run_id, stream), offset, data in inline
             ]
-        r = await self.client.post(f"{self.api}/api/v2/nodes/{self.node}/status", json=body, timeout=30,
-                                   headers=self._auth)
-        r.raise_for_status()
+        r = await self._request("POST", f"/api/v2/nodes/{self.node}/status", json=body,
+                                timeout=self.contact.exchange_timeout_s())
+        self._answered(sent, r)
         self._last_beat = now
         self._sent_problem = problem
         answer = r.json()
@@ -490,6 +628,7 @@ class NodeAgent:
                 # The control plane has the exit: never launch this run again, drop local state.
                 self._tombstones.add(s.run_id)
                 self._failed.pop(s.run_id, None)
+                self._fenced.discard(s.run_id)
                 self._labels.pop(s.run_id, None)
                 self._liveness_failed.pop(s.run_id, None)
                 self._sent.pop(s.run_id, None)
@@ -499,6 +638,22 @@ class NodeAgent:
                     await asyncio.to_thread(self.backend.forget, s.run_id)
                 except Exception as exc:  # still running (a launch that failed late): stopped as unassigned
                     logger.warning("node=%s run=%s not forgotten: %s", self.node, s.run_id, describe_error(exc))
+
+    def _answered(self, sent: float, r: httpx.Response) -> None:
+        """A report sent at ``sent`` (a contact-clock reading) was answered with ``r``: the contact
+        clock moves on, takes the grace the control plane named, and a fenced node is fenced no more."""
+        try:
+            grace: float | None = float(r.headers[GRACE_HEADER])
+        except (KeyError, ValueError):
+            grace = None  # a control plane that does not say keeps the grace assumed so far
+        before = self.contact.grace_s
+        self.contact.answered(sent, grace)
+        if self.contact.grace_s != before:
+            self._grace_changed.set()
+        if self.fenced and not self.contact.must_fence():
+            self.fenced = False
+            logger.warning("node=%s a control plane answers again: self-fencing over, fenced runs=%s are "
+                           "reported ended and not launched again", self.node, ",".join(sorted(self._fenced)))
 
     def _new_output(
         self, statuses: list[TaskStatus],
@@ -544,14 +699,13 @@ class NodeAgent:
                     chunk = f.read(min(LOG_CHUNK, size - offset))
                 if not chunk:
                     break
-                r = await self.client.post(
-                    f"{self.api}/api/v2/nodes/{self.node}/logs",
+                await self._request(
+                    "POST", f"/api/v2/nodes/{self.node}/logs",
                     params={"runId": run_id, "stream": stream, "offset": offset},
                     content=chunk,
-                    headers={"Content-Type": "application/octet-stream", **self._auth},
-                    timeout=30,
+                    headers={"Content-Type": "application/octet-stream"},
+                    timeout=self.contact.exchange_timeout_s(),
                 )
-                r.raise_for_status()
                 offset += len(chunk)
                 self._shipped[key] = offset
 
@@ -646,7 +800,7 @@ def _key(s: TaskStatus) -> tuple:
 
 
 async def run_agents(
-    api_url: str,
+    api_url: str | Sequence[str],
     nodes: dict[str, int],
     state_dir: Path,
     *,
@@ -659,6 +813,9 @@ async def run_agents(
     tokens: dict[str, str] | None = None,
     runtime: str = "process",
     image_map: dict[str, str] | None = None,
+    verify: ssl.SSLContext | bool = True,
+    self_fence: bool | None = None,
+    node_lost_after_s: float = DEFAULT_NODE_LOST_AFTER_S,
 ) -> None:
     """Run one :class:`NodeAgent` per entry of ``nodes`` (name -> GPU count) in this process,
     each with a :class:`~apiary.runtime.process.ProcessBackend` under ``state_dir/<node>``.
@@ -670,19 +827,34 @@ async def run_agents(
     ``docker`` (:class:`~apiary.runtime.docker.DockerBackend` on the local dockerd, with
     ``image_map``) or ``kubernetes`` (:class:`~apiary.runtime.kubernetes.KubernetesBackend`);
     each node keeps its records under ``state_dir/<node>`` as before.
+
+    ``api_url``: every control-plane replica (a list or comma-separated), tried in turn.
+    ``verify``: what HTTPS is verified against (:func:`apiary.client.http_verify` of the platform
+    CA; True: the system's CAs). ``self_fence``: as :class:`NodeAgent` (None: on unless every URL
+    is loopback). ``node_lost_after_s``: the grace assumed until a control plane names its own;
+    each node's last contact is kept in ``state_dir/<node>.contact.json``
+    (:class:`~apiary.runtime.link.ContactClock`). Raises
+    :class:`~apiary.errors.PlaintextTokenError` when a token would go over plain HTTP to a host
+    that is not loopback, :class:`~apiary.errors.ValidationError` for a malformed URL.
     """
     from apiary.monitoring import NodeExporter
 
     stop = stop or asyncio.Event()
     limits = httpx.Limits(max_connections=4 * len(nodes) + 10, max_keepalive_connections=4 * len(nodes) + 10)
-    async with httpx.AsyncClient(limits=limits) as client:
+    urls = Replicas(api_url).urls
+    for name in nodes:  # before anything is sent
+        for url in urls:
+            check_token_transport(url, (tokens or {}).get(name))
+    async with httpx.AsyncClient(limits=limits, verify=verify) as client:
         cluster = None
         if runtime == "docker":  # containers are labelled with the platform they belong to
-            cluster = (await client.get(f"{api_url}/healthz", timeout=30)).json().get("clusterId")
+            cluster = (await client.get(f"{urls[0]}/healthz", timeout=30)).json().get("clusterId")
         agents = [
             NodeAgent(
-                name, api_url, make_backend(runtime, state_dir / name, name, image_map, cluster), client,
+                name, urls, make_backend(runtime, state_dir / name, name, image_map, cluster), client,
                 gpus=gpus, simulated_gpus=simulated_gpus, workdir=workdir, token=(tokens or {}).get(name),
+                self_fence=self_fence,
+                contact=ContactClock(node_lost_after_s, record=state_dir / f"{name}.contact.json"),
             )
             for name, gpus in nodes.items()
         ]
@@ -695,7 +867,8 @@ async def run_agents(
                                         metrics_ports.get(agent.node, 0), health=agent.health)
             servers.append(server)
             agent.metrics_url = f"http://{metrics_host}:{server.server_port}/metrics"
-        logger.info("agents started nodes=%d api=%s", len(agents), api_url)
+        logger.info("agents started nodes=%d api=%s self_fence=%s", len(agents), ",".join(urls),
+                    agents[0].self_fence if agents else None)
         try:
             await asyncio.gather(*(a.run(stop) for a in agents))
             if kill_tasks_on_exit:

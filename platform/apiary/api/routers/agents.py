@@ -1,9 +1,13 @@
 """Node-agent routes: heartbeats with run statuses, the assignments long poll, log upload, and
-simulated-GPU faults queued for an agent."""
+simulated-GPU faults queued for an agent.
+
+The answers to an agent's report and to its assignments poll carry the node-lost grace in the
+:data:`~apiary.runtime.link.GRACE_HEADER` header, so the agent fences itself on the control
+plane's own number (:mod:`apiary.runtime.link`)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from apiary.api.auth import Admin, NodeAgent
@@ -20,10 +24,24 @@ from apiary.api.schemas import (
     NodeReport,
     NodeReportAck,
 )
+from apiary.control import ControlPlane
 from apiary.errors import ValidationError
+from apiary.runtime.link import GRACE_HEADER
 
 router = APIRouter(prefix="/api/v2/nodes/{node}", tags=["node agents"], responses=ERROR_RESPONSES,
                    dependencies=[Depends(plain_text)])
+
+#: The grace header as OpenAPI documents a 200 answer's headers.
+_GRACE_DOC = {200: {"headers": {GRACE_HEADER: {
+    "description": "The node-lost grace in seconds (APIARY_NODE_LOST_AFTER_S): the agent stops its runs "
+                   "before this long without an answered report.",
+    "schema": {"type": "string", "example": "30.0"},
+}}}}
+
+
+def _tell_grace(response: Response, plane: ControlPlane) -> None:
+    response.headers[GRACE_HEADER] = f"{plane.nodes.node_lost_after_s:g}"
+
 
 _LOG_BODY = {
     "requestBody": {
@@ -34,11 +52,13 @@ _LOG_BODY = {
 }
 
 
-@router.post("/status", response_model=NodeReportAck, response_model_exclude_unset=True)
-def node_status(node: str, report: NodeReport, plane: Plane, _agent: NodeAgent) -> dict:
+@router.post("/status", response_model=NodeReportAck, response_model_exclude_unset=True, responses=_GRACE_DOC)
+def node_status(node: str, report: NodeReport, plane: Plane, _agent: NodeAgent, response: Response) -> dict:
     """The agent's heartbeat, its runs' statuses and up to 64 KiB of their new output, stored first
     (idempotent). The node's own agent only; a run placed on another node is acknowledged and
-    ignored, its output left out (logged)."""
+    ignored, its output left out (logged), and so is a run the node was already lost for (its task
+    is final). The answer's ``Apiary-Node-Lost-After-S`` header names the node-lost grace."""
+    _tell_grace(response, plane)
     stored = plane.append_logs(node, [(c.runId, c.stream, c.offset, c.raw()) for c in report.logs])
     answer = plane.node_report(
         node,
@@ -75,13 +95,15 @@ def queued_faults(node: str, plane: Plane, _caller: Admin) -> dict:
     return {"faults": plane.node_faults(node)}
 
 
-@router.get("/assignments", response_model=Assignments, response_model_exclude_unset=True)
+@router.get("/assignments", response_model=Assignments, response_model_exclude_unset=True, responses=_GRACE_DOC)
 async def assignments(
-    node: str, plane: Plane, waiters: Waiters, _agent: NodeAgent,
+    node: str, plane: Plane, waiters: Waiters, _agent: NodeAgent, response: Response,
     generation: int | None = Query(default=None, ge=-MAX_SEQ, le=MAX_SEQ), wait: float = Query(default=0, ge=0, le=60),
 ) -> dict:
     """Long poll: answers when the node's generation differs from ``generation`` or after ``wait`` s.
-    The node's own agent only: the launches carry the jobs' secrets."""
+    The node's own agent only: the launches carry the jobs' secrets. The answer's
+    ``Apiary-Node-Lost-After-S`` header names the node-lost grace."""
+    _tell_grace(response, plane)
     if generation is not None and wait > 0 and plane.node_generation(node) == generation:
         await waiters.wait(node, wait)
     gen = plane.node_generation(node)  # read first: a change after it makes the agent poll again at once
