@@ -188,7 +188,10 @@ def wire(settings: Settings, *, public_url: str, plane: ControlPlane | None = No
     home = settings.home_dir
     cluster_id = ensure_cluster_id(home)
     directory = Directory(plane.sessions)
-    bootstrap(directory, home, nodes=plane.scheduler.nodes(), virtual_clusters=plane.cluster.virtual_clusters,
+    # node_credentials=join: nodes on other hosts join with bootstrap tokens; a token file in this
+    # home would be a credential no agent reads, and would count as the node having joined.
+    agent_nodes = plane.scheduler.nodes() if settings.node_credentials == "home" else []
+    bootstrap(directory, home, nodes=agent_nodes, virtual_clusters=plane.cluster.virtual_clusters,
               users_file=settings.users_file)
     alert_log = AlertLog(plane.sessions)
     receiver = AlertReceiver(plane, ActionsConfig.load(settings.alert_actions), log=alert_log)
@@ -202,7 +205,7 @@ def wire(settings: Settings, *, public_url: str, plane: ControlPlane | None = No
     loop = SchedulingLoop(plane, tick_s=settings.tick_s, min_interval_s=settings.cycle_min_interval_s)
     w = Wiring(settings, plane, cluster_id, directory, alert_log, receiver, ci,
                DrillBoard(home / "drills.json"), incidents, escalator, loop,
-               identity=settings.replica_id or default_identity(),
+               identity=settings.replica_id or default_identity(home),
                url=(settings.advertise_url or public_url).rstrip("/"))
     if elect:
         engine: Engine = plane.sessions.kw["bind"]

@@ -39,6 +39,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from sqlalchemy import select, text
 from sqlalchemy.dialects.postgresql import insert
@@ -56,9 +57,13 @@ STEPPED_DOWN_EXIT = 3
 _NOW = text("SELECT extract(epoch from clock_timestamp())")
 
 
-def default_identity() -> str:
-    """``<hostname>-<pid>``: unique per process, as client-go's ``hostname_<uuid>`` identities are."""
-    return f"{socket.gethostname()}-{os.getpid()}"
+def default_identity(home: Path) -> str:
+    """``<hostname>:<home>``: one replica per home and host, the same across its restarts, so a
+    restarted replica takes its own lease back at once (with a new epoch: the previous incarnation,
+    should it still run, is fenced) instead of waiting ``lease_duration_s`` for it to expire, as a
+    single replica on PostgreSQL restarted by ``apiary up``'s supervisor would. Two replicas must
+    not share a home on one host (``apiary up`` locks its home)."""
+    return f"{socket.gethostname()}:{home.expanduser().resolve()}"
 
 
 @dataclass(frozen=True, slots=True)
