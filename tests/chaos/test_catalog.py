@@ -13,14 +13,16 @@ from tests.chaos.conftest import DATA, EXPERIMENTS
 
 STEADY_STATE = ["api-healthy", "probe-job-within-slo", "store-and-scheduler-consistent", "no-accepted-job-lost",
                 "no-task-ran-twice"]
-UNDO = {"thaw_agent", "clear_gpu_faults", "uncordon_node", "free_disk", "restore_network", "detach_netns_node"}
+UNDO = {"thaw_agent", "clear_gpu_faults", "uncordon_node", "free_disk", "restore_network", "detach_netns_node",
+        "restart_replicas", "thaw_leader", "reconnect_to_store", "heal_partition"}
 FILES = sorted(EXPERIMENTS.glob("*.json"))
 
 
 def test_the_catalog() -> None:
     assert [f.stem for f in FILES] == [
-        "gpu-faults", "gpu-oom-job", "kill-agent", "kill-control-plane", "kill-postgres", "kill-prefect-server",
-        "network-degraded", "node-freeze", "store-disk-full"]
+        "agent-partition", "gpu-faults", "gpu-oom-job", "kill-agent", "kill-control-plane", "kill-postgres",
+        "kill-prefect-server", "leader-cut-from-store", "leader-freeze", "leader-kill", "network-degraded",
+        "node-freeze", "postgres-restart", "store-disk-full"]
 
 
 @pytest.mark.parametrize("path", [*FILES, DATA / "broken-rollback.json"], ids=lambda p: p.stem)

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import closing
 from importlib import resources
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -30,7 +31,7 @@ import yaml
 
 from apiary.chaos import SteadyStateViolation
 from apiary.chaos.target import Target, accepted_jobs, job_text, record_accepted, unique_name
-from apiary.client import ApiaryClient
+from apiary.client import ApiaryClient, http_verify
 from apiary.errors import ApiaryError, UnavailableError
 from apiary.lifecycle.exitspec import classify_exit, exit_spec
 
@@ -265,7 +266,7 @@ def gpu_metric(node: str, metric: str, gpu: int = 0, at_least: float | None = No
     seen: list[float] = []
 
     def check() -> bool:
-        value = _scrape(url, metric, gpu)
+        value = _scrape(url, metric, gpu, t.ca_cert)
         if value is None:
             return False
         seen.append(value)
@@ -349,9 +350,8 @@ def _all_events(c: ApiaryClient, job_id: str | None = None) -> list[dict]:
 
 
 def _admin_get(t: Target, path: str) -> Any:
-    headers = {"Authorization": f"Bearer {t.token}"} if t.token else {}
     try:
-        r = httpx.get(f"{t.api_url}{path}", headers=headers, timeout=30.0)
+        r = t.request("GET", path)
     except httpx.HTTPError as e:
         raise SteadyStateViolation(f"GET {path}: {e}") from e
     if r.status_code != 200:
@@ -359,9 +359,9 @@ def _admin_get(t: Target, path: str) -> Any:
     return r.json()
 
 
-def _scrape(url: str, metric: str, gpu: int) -> float | None:
+def _scrape(url: str, metric: str, gpu: int, ca_cert: Path | None = None) -> float | None:
     try:
-        text = httpx.get(url, timeout=5.0).text
+        text = httpx.get(url, timeout=5.0, verify=http_verify(ca_cert)).text
     except httpx.HTTPError:
         return None
     for line in text.splitlines():

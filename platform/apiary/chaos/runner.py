@@ -2,7 +2,8 @@
 
 ``chaos run`` runs as a subprocess (its own process: the extension keeps per-run state in module
 globals, and a crash of an activity cannot take the caller down) with the platform in its
-environment (``APIARY_API_URL``, ``APIARY_TOKEN``, ``APIARY_HOME``), rollbacks always played
+environment (``APIARY_API_URL``, ``APIARY_TOKEN``, ``APIARY_HOME``; for a many-hosts deployment
+also ``APIARY_DEPLOYMENT`` and ``APIARY_CA_CERT``), rollbacks always played
 (``--rollback-strategy always``), no log file and no update check. The verdict comes from the
 journal alone (:func:`apiary.chaos.journal.judge`), never from the exit code.
 """
@@ -21,8 +22,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from apiary.auth.bootstrap import read_token
 from apiary.chaos.journal import judge, phase_durations
-from apiary.chaos.target import LEDGER_ENV
+from apiary.chaos.target import LEDGER_ENV, load_deployment
+from apiary.errors import ValidationError
 
 logger = logging.getLogger(__name__)
 
@@ -72,27 +75,51 @@ def chaos_executable() -> str:
     return found
 
 
-def run_experiment(path: str | os.PathLike, *, api_url: str, token: str | None, home: str | os.PathLike | None,
-                   journal_dir: str | os.PathLike, timeout_s: float = 600.0,
-                   env: dict[str, str] | None = None) -> Verdict:
-    """Run the experiment at ``path`` against the platform at ``api_url`` (``token``: an admin's;
-    ``home``: the platform home, for the actions that need pids or files) and judge its journal,
-    written to ``journal_dir/<name>.journal.json`` (chaostoolkit's output beside it, ``<name>.log``;
-    the accepted job ids in ``<name>.accepted``). ``timeout_s`` bounds the whole run: then
+def run_experiment(path: str | os.PathLike, *, api_url: str | None = None, token: str | None = None,
+                   home: str | os.PathLike | None = None, journal_dir: str | os.PathLike, timeout_s: float = 600.0,
+                   env: dict[str, str] | None = None, deployment: str | os.PathLike | None = None,
+                   ca_cert: str | os.PathLike | None = None) -> Verdict:
+    """Run the experiment at ``path`` against the platform at ``api_url`` (one URL, or the
+    replicas' URLs comma-separated; ``token``: an admin's; ``home``: the platform home, for the
+    actions that need pids or files) and judge its journal, written to
+    ``journal_dir/<name>.journal.json`` (chaostoolkit's output beside it, ``<name>.log``; the
+    accepted job ids in ``<name>.accepted``). ``timeout_s`` bounds the whole run: then
     chaostoolkit is interrupted (SIGTERM; it plays the rollbacks within :data:`GRACE_S`) and the
-    verdict fails with that reason. ``env``: more environment for the run. Never raises for a
-    failing experiment; raises FileNotFoundError when ``path`` or ``chaos`` is missing."""
+    verdict fails with that reason. ``env``: more environment for the run.
+
+    ``deployment``: the root of a many-hosts deployment (its ``deployment.json``), given to the
+    run as ``APIARY_DEPLOYMENT``; ``api_url``, ``token`` and ``ca_cert`` default to its replicas'
+    URLs, its admin token and its CA, and no ``APIARY_HOME`` is passed on unless ``home`` is
+    given. ``ca_cert``: the platform CA HTTPS is verified against (``APIARY_CA_CERT``).
+
+    Never raises for a failing experiment; raises FileNotFoundError when ``path`` or ``chaos`` is
+    missing, ValidationError when neither ``api_url`` nor ``deployment`` names the platform or the
+    deployment's description is unreadable."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no experiment at {path}")
+    extra: dict[str, str] = {}
+    if deployment is not None:
+        root = Path(deployment).expanduser().resolve()
+        described = load_deployment(root)
+        api_url = api_url or ",".join(described["apiUrls"])
+        token = token or read_token(Path(described["tokenFile"]))
+        ca_cert = ca_cert or described.get("caCert")
+        extra["APIARY_DEPLOYMENT"] = str(root)
+    if not api_url:
+        raise ValidationError("apiary_url", "no platform: give api_url or a deployment")
+    if ca_cert:
+        extra["APIARY_CA_CERT"] = str(Path(ca_cert).expanduser().resolve())
     name = path.name.split(".")[0]
     out = Path(journal_dir)
     out.mkdir(parents=True, exist_ok=True)
     journal_path, log_path, ledger = (out / f"{name}.journal.json", out / f"{name}.log", out / f"{name}.accepted")
     for p in (journal_path, ledger):
         p.unlink(missing_ok=True)
-    run_env = {**os.environ, **(env or {}), "APIARY_API_URL": api_url, LEDGER_ENV: str(ledger),
+    run_env = {**os.environ, **(env or {}), **extra, "APIARY_API_URL": api_url, LEDGER_ENV: str(ledger),
                "PYTHONUNBUFFERED": "1"}
+    if deployment is not None and home is None:
+        run_env.pop("APIARY_HOME", None)  # this machine's home is not the deployment's
     if token:
         run_env["APIARY_TOKEN"] = token
     if home is not None:

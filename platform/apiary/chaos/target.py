@@ -7,9 +7,16 @@ cluster the API describes):
 ===================== ======================== ==================================================
 key                   environment              meaning
 ===================== ======================== ==================================================
-``apiary_url``        ``APIARY_API_URL``       the control plane (default: ``home/run/api_url``)
-``apiary_token``      ``APIARY_TOKEN``         an admin's token (default: the file ``home/token``)
+``apiary_url``        ``APIARY_API_URL``       the control plane: one URL or the replicas' URLs,
+                                               comma-separated (default: ``home/run/api_url``,
+                                               else the deployment's ``apiUrls``)
+``apiary_token``      ``APIARY_TOKEN``         an admin's token (default: the file ``home/token``,
+                                               else the deployment's ``tokenFile``)
 ``apiary_home``       ``APIARY_HOME``          the platform home: run files, pids, the store's disk
+``apiary_ca_cert``    ``APIARY_CA_CERT``       the platform CA HTTPS is verified against (default:
+                                               the deployment's ``caCert``; none: the system's)
+``apiary_deployment`` ``APIARY_DEPLOYMENT``    a many-hosts deployment's root, holding
+                                               ``deployment.json`` (:data:`DEPLOYMENT_FILE`)
 ``apiary_probe_vc``   ``APIARY_CHAOS_VC``      virtual cluster of probe jobs
 ``apiary_probe_slo``  ``APIARY_CHAOS_SLO_S``   seconds a probe job may take, submit to SUCCEEDED (60)
 ``apiary_load_vc``    ``APIARY_CHAOS_LOAD_VC`` virtual cluster of the jobs a method keeps in flight
@@ -20,6 +27,11 @@ The last three default to names of the target cluster (:func:`pick_defaults`, re
 through the API: ``GET /api/v2/cluster/status`` for the VCs in config order, ``GET
 /api/v2/nodes``, and the home's ``cluster.yaml`` for which nodes serve which VC), never to the
 names of one example cluster. An empty value (the experiments' default) means "the default".
+
+A deployment (:mod:`apiary.multihost.deployment` writes ``<root>/deployment.json``: the hosts'
+root, the replicas' URLs, the CA, the admin token's file, every component's host, argv,
+environment, log and pid) is read by :func:`load_deployment`; the actions of
+:mod:`apiary.chaos.multihost` need it, the other probes only the URLs, CA and token it gives.
 
 The token is never written to the journal: experiments declare it as ``{"type": "env", "key":
 "APIARY_TOKEN"}`` and chaostoolkit keeps only that declaration.
@@ -38,10 +50,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from apiary.auth.bootstrap import read_token
-from apiary.client import ApiaryClient
+from apiary.client import ApiaryClient, http_verify, split_api_urls
 from apiary.errors import ValidationError
 from apiary.scheduler.cells import build_topology
 from apiary.spec.cluster import ClusterConfig, load_cluster_config
@@ -51,6 +64,22 @@ logger = logging.getLogger(__name__)
 DEFAULT_SLO_S = 60.0
 #: The environment variable naming a file where the runner wants the accepted jobs written (one id a line).
 LEDGER_ENV = "APIARY_CHAOS_LEDGER"
+#: The description a many-hosts deployment writes into its root (``Deployment.save``).
+DEPLOYMENT_FILE = "deployment.json"
+
+
+def load_deployment(root: Path) -> dict[str, Any]:
+    """``root/deployment.json`` as a dict (keys ``hostsRoot``, ``apiUrls``, ``caCert``,
+    ``tokenFile``, ``replicas``, ``nodes``, ``postgres``, ``components``). Raises ValidationError
+    (field ``apiary_deployment``) when it is missing or unreadable."""
+    path = Path(root) / DEPLOYMENT_FILE
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValidationError("apiary_deployment", f"no deployment described in {path}: {e}") from e
+    if not isinstance(doc, dict) or not doc.get("apiUrls"):
+        raise ValidationError("apiary_deployment", f"{path} names no control-plane URL (apiUrls)")
+    return doc
 
 
 @dataclass(frozen=True)
@@ -133,6 +162,27 @@ class Target:
     probe_slo_s: float = DEFAULT_SLO_S
     load: str | None = None
     node: str | None = None
+    ca_cert: Path | None = None
+    deployment: Path | None = None
+
+    @property
+    def api_urls(self) -> list[str]:
+        """Every control-plane URL of :attr:`api_url` (comma-separated replicas)."""
+        return split_api_urls(self.api_url)
+
+    @property
+    def cluster_file(self) -> Path | None:
+        """The cluster config the platform runs: ``home/cluster.yaml``, else (a deployment) the
+        first replica's home's; None when neither is known."""
+        if self.home is not None:
+            return self.home / "cluster.yaml"
+        if self.deployment is not None:
+            doc = load_deployment(self.deployment)
+            for comp in (doc.get("components") or {}).values():
+                home = (comp.get("env") or {}).get("APIARY_HOME")
+                if comp.get("host") in (doc.get("replicas") or []) and home:
+                    return Path(home) / "cluster.yaml"
+        return None
 
     @property
     def probe_vc(self) -> str:
@@ -157,7 +207,7 @@ class Target:
         with closing(self.client()) as c:
             vcs = list(c.cluster_status()["virtualClusters"])
             nodes = [n["name"] for n in c.nodes()]
-        config = self.home / "cluster.yaml" if self.home is not None else None
+        config = self.cluster_file
         vc_nodes = nodes_by_vc(load_cluster_config(config)) if config is not None and config.exists() else None
         picked = pick_defaults(vcs, nodes, vc_nodes)
         logger.info("chaos defaults for %s: probe VC %s, load VC %s, fault node %s", self.api_url, picked.probe_vc,
@@ -178,22 +228,54 @@ class Target:
 
         home_s = pick("apiary_home", "APIARY_HOME")
         home = Path(home_s).expanduser().resolve() if home_s else None
+        deployment_s = pick("apiary_deployment", "APIARY_DEPLOYMENT")
+        deployment = Path(deployment_s).expanduser().resolve() if deployment_s else None
+        described = load_deployment(deployment) if deployment is not None else {}
         url = pick("apiary_url", "APIARY_API_URL")
         if url is None and home is not None and (home / "run" / "api_url").exists():
             url = (home / "run" / "api_url").read_text().strip()
+        if url is None and described:
+            url = ",".join(described["apiUrls"])
         if not url:
-            raise ValidationError("apiary_url", "no platform: set APIARY_API_URL, or APIARY_HOME of a running one")
+            raise ValidationError("apiary_url", "no platform: set APIARY_API_URL, or APIARY_HOME of a running one, "
+                                                "or APIARY_DEPLOYMENT of a deployment")
         token = pick("apiary_token", "APIARY_TOKEN")
         if token is None and home is not None:
             token = read_token(home / "token")
+        if token is None and described.get("tokenFile"):
+            token = read_token(Path(described["tokenFile"]))
+        ca = pick("apiary_ca_cert", "APIARY_CA_CERT") or described.get("caCert")
         slo = pick("apiary_probe_slo", "APIARY_CHAOS_SLO_S")
-        return cls(api_url=url.rstrip("/"), token=token, home=home,
+        return cls(api_url=",".join(split_api_urls(url)), token=token, home=home,
                    vc=pick("apiary_probe_vc", "APIARY_CHAOS_VC"), probe_slo_s=float(slo) if slo else DEFAULT_SLO_S,
                    load=pick("apiary_load_vc", "APIARY_CHAOS_LOAD_VC"),
-                   node=pick("apiary_fault_node", "APIARY_CHAOS_NODE"))
+                   node=pick("apiary_fault_node", "APIARY_CHAOS_NODE"),
+                   ca_cert=Path(ca).expanduser() if ca else None, deployment=deployment)
 
     def client(self, timeout: float = 30.0) -> ApiaryClient:
-        return ApiaryClient(self.api_url, timeout=timeout, token=self.token)
+        """A client of every replica of :attr:`api_url` (it fails over between them), verifying
+        HTTPS against :attr:`ca_cert`."""
+        return ApiaryClient(self.api_url, timeout=timeout, token=self.token, ca_cert=self.ca_cert)
+
+    def request(self, method: str, path: str, *, json_body: Any = None, timeout: float = 30.0) -> httpx.Response:
+        """``method path`` (with the admin token) on the first replica that can be reached, in
+        :attr:`api_urls` order, verifying HTTPS against :attr:`ca_cert`; a connection that cannot
+        be made moves on to the next replica (a follower forwards what it does not serve).
+        Returns the answer, whatever its status; raises httpx.HTTPError when no replica answers."""
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        last: httpx.TransportError | None = None
+        with httpx.Client(verify=http_verify(self.ca_cert), timeout=timeout, headers=headers) as http:
+            for url in self.api_urls:
+                try:
+                    return http.request(method, url + path, json=json_body)
+                except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                    last = e
+                except httpx.TransportError as e:
+                    if method.upper() != "GET":
+                        raise
+                    last = e
+        assert last is not None
+        raise last
 
     def need_home(self) -> Path:
         if self.home is None:
@@ -201,8 +283,13 @@ class Target:
         return self.home
 
     def state_dir(self) -> Path:
-        """``home/run/chaos``: what an action leaves for its undo (frozen pids, fill files, netns
-        resources), so an operator can finish a rollback by hand after a crash."""
+        """``home/run/chaos`` (a deployment without a home: ``<deployment>/chaos``): what an action
+        leaves for its undo (frozen pids, fill files, netns resources, a cut route), so an
+        operator can finish a rollback by hand after a crash."""
+        if self.home is None and self.deployment is not None:
+            d = self.deployment / "chaos"
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+            return d
         d = self.need_home() / "run" / "chaos"
         d.mkdir(parents=True, exist_ok=True)
         return d

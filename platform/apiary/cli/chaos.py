@@ -5,6 +5,11 @@ The platform is ``--target``, else ``APIARY_API_URL``, else the one ``apiary up`
 ``APIARY_HOME``; the token ``--token``, else ``APIARY_TOKEN``, else ``APIARY_HOME/token`` (an
 admin's: faults, cordons and the consistency check are admin-only). Exit 0 only if every
 experiment passed.
+
+``--deployment ROOT`` (or ``APIARY_DEPLOYMENT``) points the experiments at a many-hosts
+deployment instead: its ``ROOT/deployment.json`` gives the replicas' URLs, the CA, the admin token
+and the hosts the multi-host actions act on (:mod:`apiary.chaos.multihost`); ``--target``,
+``--token`` and ``--ca-cert`` still win. No home is assumed unless ``--home`` is given.
 """
 
 from __future__ import annotations
@@ -35,6 +40,11 @@ def run_cmd(
     target: str | None = typer.Option(None, "--target", help="Control-plane URL (default APIARY_API_URL)."),
     token: str | None = typer.Option(None, "--token", help="An admin's token (default APIARY_TOKEN / home/token)."),
     home: Path | None = typer.Option(None, "--home", help="Platform home for pids and files (default APIARY_HOME)."),
+    deployment: Path | None = typer.Option(
+        None, "--deployment", envvar="APIARY_DEPLOYMENT", file_okay=False,
+        help="Root of a many-hosts deployment (its deployment.json names the replicas, CA, token and hosts)."),
+    ca_cert: Path | None = typer.Option(
+        None, "--ca-cert", dir_okay=False, help="Platform CA to verify HTTPS against (default APIARY_CA_CERT)."),
     tag: str | None = typer.Option(None, "--tag", help="Run only the experiments carrying this tag (e.g. ci)."),
     journal_dir: Path | None = typer.Option(
         None, "--journal-dir", help="Where journals and logs go (default HOME/chaos-journals, else ./chaos-journals)."),
@@ -50,11 +60,23 @@ def run_cmd(
     from apiary.settings import Settings
 
     settings = Settings()
-    url = target or settings.resolved_api_url()
-    if not url:
-        err.print("No Apiary platform found: pass --target, set APIARY_API_URL or run `apiary up`.")
-        raise typer.Exit(1)
-    the_home = home or (settings.home_dir if settings.home_dir.exists() else None)
+    if deployment is not None:
+        from apiary.chaos.target import load_deployment
+        from apiary.errors import ValidationError
+
+        try:
+            load_deployment(deployment)
+        except ValidationError as e:
+            err.print(f"--deployment: {e}")
+            raise typer.Exit(1) from None
+        url = target
+        the_home = home
+    else:
+        url = target or settings.resolved_api_url()
+        if not url:
+            err.print("No Apiary platform found: pass --target or --deployment, set APIARY_API_URL or run `apiary up`.")
+            raise typer.Exit(1)
+        the_home = home or (settings.home_dir if settings.home_dir.exists() else None)
     selected = []
     for path in experiments:
         if tag is not None and tag not in tags(yaml.safe_load(path.read_text()) or {}):
@@ -63,12 +85,15 @@ def run_cmd(
     if not selected:
         err.print(f"No experiment carries tag {tag!r}.")
         raise typer.Exit(1)
-    journals = journal_dir or (the_home / "chaos-journals" if the_home is not None else Path("chaos-journals"))
+    journals = journal_dir or (the_home / "chaos-journals" if the_home is not None else
+                               deployment / "chaos-journals" if deployment is not None else Path("chaos-journals"))
+    the_token = token if deployment is not None else token or settings.resolved_token()
+    the_ca = ca_cert or (None if deployment is not None else settings.ca_cert)
     verdicts = []
     for path in selected:
         err.print(f"running {path} ...")
-        verdicts.append(run_experiment(path, api_url=url, token=token or settings.resolved_token(), home=the_home,
-                                       journal_dir=journals, timeout_s=timeout))
+        verdicts.append(run_experiment(path, api_url=url, token=the_token, home=the_home, journal_dir=journals,
+                                       timeout_s=timeout, deployment=deployment, ca_cert=the_ca))
     if as_json:
         console.print_json(json.dumps([v.to_dict() for v in verdicts]))
     else:
