@@ -205,6 +205,12 @@ def _incident(w: World) -> str:
     return w.incident  # type: ignore[attr-defined]
 
 
+def _bootstrap_token(w: World) -> str:
+    r = w.client.post("/api/v2/bootstrap-tokens", json={}, headers=w.headers["admin"])
+    r.raise_for_status()
+    return r.json()["id"]
+
+
 Make = Callable[[World, str], Target]
 _INCIDENT = "/api/v2/incidents/{incident_id}"
 
@@ -249,6 +255,9 @@ REQUESTS: dict[tuple[str, str], Make] = {
         f"/api/v2/groups/{_fresh_group(w, who)}/virtualClusters/vc1"),
     ("POST", "/api/v2/tokens"): lambda w, who: Target("/api/v2/tokens", {"json": {}}),
     ("DELETE", "/api/v2/tokens/{token_id}"): lambda w, who: Target(f"/api/v2/tokens/{_alices_token(w)}", owner="alice"),
+    ("POST", "/api/v2/bootstrap-tokens"): lambda w, who: Target("/api/v2/bootstrap-tokens", {"json": {}}),
+    ("DELETE", "/api/v2/bootstrap-tokens/{token_id}"): lambda w, who: Target(
+        f"/api/v2/bootstrap-tokens/{_bootstrap_token(w)}"),
     ("POST", "/api/v2/drills/results"): lambda w, who: Target("/api/v2/drills/results", {"json": {
         "drill": "inspection", "result": "passed", "startedAt": 1.0, "finishedAt": 2.0}}),
     # GitHub's webhook: unsigned (and the intake unconfigured here), so nobody's token counts.
@@ -330,8 +339,8 @@ def expected(access: Access, who: str, t: Target, parts: frozenset[str]) -> str:
     """``"ok"`` (any 2xx) or the refusal's status, as the table says."""
     if "anyone" in access.who:
         return "ok"
-    if who == "anonymous" or "signed" in access.who:
-        return "401"
+    if who == "anonymous" or "signed" in access.who or "bootstrap" in access.who:
+        return "401"  # (none of the principals holds a bootstrap token: tests/api/test_join.py)
     mine = roles(who, t)
     admitted = mine & access.who - {w for w, part in access.needs.items() if part not in parts}
     if admitted and all(mine & access.only[part] for part in parts):

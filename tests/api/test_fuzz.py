@@ -48,7 +48,8 @@ from apiary.api.guards import RateLimiter
 #: their own, bounded by the schema). The whole file takes about a minute and a half on two cores.
 MAX_EXAMPLES = 15
 PRINCIPALS = ("admin", "alice", "anonymous", "agent-carol")
-PUBLIC = {"/healthz", "/metrics"}  # no token needed (and the OpenAPI pages, which are no operations)
+#: no token needed (and the OpenAPI pages, which are no operations)
+PUBLIC = {"/healthz", "/metrics", "/api/v2/cluster-info"}
 YAML_OPERATIONS = {"POST /api/v2/jobs", "PUT /api/v2/cluster/config"}
 
 #: principal -> "METHOD /path" -> YAML bodies sent (by yaml_body)

@@ -27,6 +27,8 @@ Principals (:data:`Who`), each as the README's table describes them:
 ``alertmanager`` Alertmanager's service token
 ``signed``     no bearer token: a signature is the credential (GitHub's webhook secret,
                an incident notification's signed link)
+``bootstrap``  a bootstrap token (``<id>.<secret>``, :mod:`apiary.auth.bootstrap_tokens`): a
+               node's join only; no other token counts there, and it counts nowhere else
 ============== ==========================================================================
 """
 
@@ -36,11 +38,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Who = Literal["anyone", "token", "user", "admin", "owner", "vc", "self", "oncall", "agent", "bridge",
-              "alertmanager", "signed"]
+              "alertmanager", "signed", "bootstrap"]
 
 #: Every principal the table may name, in the README's order.
 WHO: tuple[Who, ...] = ("anyone", "token", "user", "admin", "owner", "vc", "self", "oncall", "agent", "bridge",
-                        "alertmanager", "signed")
+                        "alertmanager", "signed", "bootstrap")
 
 ON_BEHALF = "X-Apiary-On-Behalf-Of"
 FLOW_RUN = "X-Apiary-Flow-Run-Id"
@@ -56,7 +58,8 @@ class Access:
     (the bridge submits only on behalf of a user). ``hidden_to``: the principals who get
     404 rather than 403 for a resource outside ``sees`` (a job neither theirs nor their VC's, a
     token not theirs: no hint that it exists). Everyone else with a valid token is refused 403, and
-    a caller without one 401 (unless ``anyone``, or ``signed``, whose bad signature is a 401 or 403).
+    a caller without one 401 (unless ``anyone``, or ``signed``, whose bad signature is a 401 or 403;
+    ``bootstrap``: any other credential is a 401).
     """
 
     who: frozenset[Who]
@@ -144,6 +147,13 @@ ACCESS: dict[tuple[str, str], Access] = {
         note="users their own expiring personal tokens; admins any token"),
     ("DELETE", "/api/v2/tokens/{token_id}"): _a("owner", "admin", sees=("owner", "admin"),
                                                  hidden_to=("user", "bridge")),
+    # joining nodes
+    ("POST", "/api/v2/bootstrap-tokens"): _a("admin"),
+    ("GET", "/api/v2/bootstrap-tokens"): _a("admin", note="never the secrets"),
+    ("DELETE", "/api/v2/bootstrap-tokens/{token_id}"): _a("admin"),
+    ("GET", "/api/v2/cluster-info"): _a("anyone", note="the platform CA a joining node checks against its pinned hash"),
+    ("POST", "/api/v2/nodes/{node}/join"): _a(
+        "bootstrap", note="a valid bootstrap token for this node, unused; answers the node's agent token once"),
     # drills, CI/CD records
     ("POST", "/api/v2/drills/results"): _a("admin", "bridge"),
     ("GET", "/api/v2/drills"): _a("user", "bridge"),

@@ -6,8 +6,10 @@ server v2: ``POST /api/v2/jobs`` with a YAML or JSON body, ``GET /api/v2/jobs``,
 logs, and ``/api/v2/events`` for the Prefect bridge), ``cluster`` (scheduler cycle, status,
 config), ``nodes``, ``alerts``, ``agents`` (``/api/v2/nodes/{node}/...`` for node agents),
 ``identity`` (users, groups, tokens, ``/api/v2/me``), ``drills`` (drill results, shown in
-``/metrics``) and ``ci`` (GitHub's webhook, :mod:`apiary.ci`). Every route but ``/healthz``,
-``/metrics``, the OpenAPI pages and GitHub's webhook (signed with its secret instead) needs
+``/metrics``), ``ci`` (GitHub's webhook, :mod:`apiary.ci`) and ``join`` (bootstrap tokens, the
+public ``/api/v2/cluster-info``, a node's join). Every route but ``/healthz``, ``/metrics``, the
+OpenAPI pages, ``/api/v2/cluster-info``, GitHub's webhook (signed with its secret instead) and a
+node's join (a bootstrap token instead) needs
 ``Authorization: Bearer <token>`` (:mod:`apiary.api.auth`); who may call each route is the one
 table :data:`apiary.api.access.ACCESS`, which the OpenAPI document publishes per operation
 (``x-apiary-principals``). Bodies are capped (413) and users'
@@ -42,8 +44,10 @@ from apiary.api.access import ACCESS
 from apiary.api.auth import bearer
 from apiary.api.guards import BodyLimitMiddleware, RateLimiter, error_headers
 from apiary.api.longpoll import NodeWaiters
+from apiary.api.routers import join
 from apiary.api.schemas import ERROR_RESPONSES, Health, job_protocol_components
 from apiary.auth import Directory
+from apiary.auth.bootstrap_tokens import BootstrapTokens
 from apiary.ci.intake import WebhookIntake
 from apiary.ci.records import CiRecords
 from apiary.ci.starter import PrefectStarter
@@ -77,6 +81,7 @@ def create_app(
     plane: ControlPlane, receiver: AlertReceiver | None = None, *, cluster_id: str | None = None,
     directory: Directory | None = None, settings: Settings | None = None, drills: DrillBoard | None = None,
     ci: WebhookIntake | None = None, incidents: IncidentService | None = None, link_secret: str | None = None,
+    bootstrap_tokens: BootstrapTokens | None = None,
 ) -> FastAPI:
     """The app over ``plane``; ``receiver`` handles Alertmanager's webhook (default: the
     packaged actions config, or ``APIARY_ALERT_ACTIONS``); ``cluster_id`` is the platform's identity
@@ -87,8 +92,9 @@ def create_app(
     GitHub webhook intake (default: over the plane's store, starting Prefect deployments, with
     ``APIARY_GITHUB_WEBHOOK_SECRET``); ``incidents`` is incident response (default: a service over
     the plane's store with no escalation worker, whose signed links use ``link_secret``; without one
-    its link routes answer 403). The control-plane process passes every piece
-    (:func:`apiary.wiring.app_of`); the defaults serve in-process apps (tests, tools)."""
+    its link routes answer 403); ``bootstrap_tokens`` are the tokens nodes join with (default: over
+    the plane's store, issuing agent tokens through ``directory``). The control-plane process
+    passes every piece (:func:`apiary.wiring.app_of`); the defaults serve in-process apps (tests, tools)."""
     settings = settings or Settings()
     if receiver is None:
         receiver = AlertReceiver(plane, ActionsConfig.load(settings.alert_actions))
@@ -108,6 +114,9 @@ def create_app(
     app.state.receiver = receiver
     app.state.waiters = waiters
     app.state.directory = directory
+    app.state.settings = settings
+    app.state.cluster_id = cluster_id
+    app.state.bootstrap_tokens = bootstrap_tokens or BootstrapTokens(plane.sessions, directory)
     app.state.drills = drills = drills if drills is not None else DrillBoard()
     app.state.ci = ci or WebhookIntake(
         plane.sessions, PrefectStarter(settings.ci_pr_deployment, settings.ci_deploy_deployment),
@@ -197,6 +206,7 @@ def create_app(
 
     for router in routers.ALL:
         app.include_router(router)
+    app.include_router(join.router)
 
     def openapi() -> dict[str, Any]:
         # FastAPI's document plus the component schemas the job body refers to (it is read from
