@@ -110,9 +110,9 @@ async def running_and_reported(agent: NodeAgent, cp: FakeControlPlane) -> int:
     """Wait until the run runs and a report saying so was answered; returns its pid."""
     await until(lambda: state(agent) == "running", SOON_S, "the run to start")
     await until(lambda: any(r["state"] == "running" for r in cp.run_reports(RUN)), SOON_S, "its report")
-    pid = agent.backend.status(RUN).pid
-    assert pid
-    return pid
+    st = agent.backend.status(RUN)
+    assert st is not None and st.pid
+    return st.pid
 
 
 async def cut_right_after_a_report(cp: FakeControlPlane, host: str = "cp-a") -> float:
@@ -272,7 +272,7 @@ def test_replica_urls_come_as_a_list_or_comma_separated():
 ], ids=["plain-http-to-another-host", "one-replica-in-clear", "https", "loopback", "localhost"])
 def test_the_node_token_never_goes_over_plain_http_to_another_host(tmp_path, urls, refused):
     def make(token):
-        return NodeAgent("n1", urls, ProcessBackend(tmp_path / "n1"), None, gpus=1,  # type: ignore[arg-type]
+        return NodeAgent("n1", urls, ProcessBackend(tmp_path / "n1"), None, gpus=1,
                          simulated_gpus=True, token=token)
 
     if refused:
@@ -289,7 +289,7 @@ def test_the_node_token_never_goes_over_plain_http_to_another_host(tmp_path, url
     ("http://127.0.0.1:8470,https://198.18.0.3:8470", True),
 ], ids=["another-host", "loopback", "one-replica-elsewhere"])
 def test_self_fencing_is_on_unless_every_control_plane_is_on_this_host(tmp_path, urls, fences):
-    agent = NodeAgent("n1", urls, ProcessBackend(tmp_path / "n1"), None, gpus=1,  # type: ignore[arg-type]
+    agent = NodeAgent("n1", urls, ProcessBackend(tmp_path / "n1"), None, gpus=1,
                       simulated_gpus=True)
     assert agent.self_fence is fences
 

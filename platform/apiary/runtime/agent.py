@@ -68,6 +68,7 @@ from apiary.procutil import write_probe
 from apiary.runtime.base import RuntimeBackend, TaskLaunch, TaskStatus
 from apiary.runtime.link import (
     DEFAULT_NODE_LOST_AFTER_S,
+    EXCHANGE_TIMEOUT_MAX_S,
     FENCE_STOP_GRACE_S,
     GRACE_HEADER,
     ContactClock,
@@ -214,6 +215,12 @@ class NodeAgent:
         r.raise_for_status()
         return r
 
+    def _exchange_timeout_s(self) -> float:
+        """Timeout of one report or log upload, seconds: bounded by the grace while self-fencing
+        (:meth:`~apiary.runtime.link.ContactClock.exchange_timeout_s`: a silent replica must not
+        use up the time left before the fence), else EXCHANGE_TIMEOUT_MAX_S as ever."""
+        return self.contact.exchange_timeout_s() if self.self_fence else EXCHANGE_TIMEOUT_MAX_S
+
     # ------------------------------------------------------------------ self-fencing
     async def _fence_watch(self, stop: asyncio.Event) -> None:
         """Sleep until the contact clock's deadline (or until the control plane names another
@@ -287,7 +294,7 @@ class NodeAgent:
         params = {} if generation is None or self.fenced else {"generation": generation, "wait": LONG_POLL_S}
         # The connection itself gets the exchange timeout: a replica that swallows packets is
         # left as soon as a report to it would be.
-        timeout = httpx.Timeout(LONG_POLL_S + 5, connect=self.contact.exchange_timeout_s())
+        timeout = httpx.Timeout(LONG_POLL_S + 5, connect=min(LONG_POLL_S + 5, self._exchange_timeout_s()))
         try:
             r = await self._request("GET", f"/api/v2/nodes/{self.node}/assignments", params=params, timeout=timeout)
             data = r.json()
@@ -605,7 +612,7 @@ class NodeAgent:
                 for (run_id, stream), offset, data in inline
             ]
         r = await self._request("POST", f"/api/v2/nodes/{self.node}/status", json=body,
-                                timeout=self.contact.exchange_timeout_s())
+                                timeout=self._exchange_timeout_s())
         self._answered(sent, r)
         self._last_beat = now
         self._sent_problem = problem
@@ -704,7 +711,7 @@ class NodeAgent:
                     params={"runId": run_id, "stream": stream, "offset": offset},
                     content=chunk,
                     headers={"Content-Type": "application/octet-stream"},
-                    timeout=self.contact.exchange_timeout_s(),
+                    timeout=self._exchange_timeout_s(),
                 )
                 offset += len(chunk)
                 self._shipped[key] = offset

@@ -7,6 +7,8 @@ plane's own number (:mod:`apiary.runtime.link`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
@@ -32,7 +34,7 @@ router = APIRouter(prefix="/api/v2/nodes/{node}", tags=["node agents"], response
                    dependencies=[Depends(plain_text)])
 
 #: The grace header as OpenAPI documents a 200 answer's headers.
-_GRACE_DOC = {200: {"headers": {GRACE_HEADER: {
+_GRACE_DOC: dict[int | str, dict[str, Any]] = {200: {"headers": {GRACE_HEADER: {
     "description": "The node-lost grace in seconds (APIARY_NODE_LOST_AFTER_S): the agent stops its runs "
                    "before this long without an answered report.",
     "schema": {"type": "string", "example": "30.0"},
