@@ -171,3 +171,18 @@ def test_only_admins_manage_bootstrap_tokens(world: World) -> None:
     assert c.get("/api/v2/bootstrap-tokens").status_code == 401
     assert c.delete("/api/v2/bootstrap-tokens/zzzzzz", headers=h["admin"]).status_code == 404
     assert [t["state"] for t in c.get("/api/v2/bootstrap-tokens", headers=h["admin"]).json()] == ["valid"]
+
+
+def test_the_unauthenticated_routes_are_rate_limited_per_client_address(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path}/r.db")
+    migrate(engine)
+    plane = ControlPlane(session_factory(engine), load_cluster_config(LAB6 / "hived-config-two-vcs.yaml"),
+                         tmp_path / "logs")
+    app = create_app(plane, AlertReceiver(plane, ActionsConfig(), notifiers={}),
+                     settings=Settings(rate_calls="3/minute"))
+    with TestClient(app) as client:
+        assert [client.get("/api/v2/cluster-info").status_code for _ in range(4)] == [200, 200, 200, 429]
+        codes = [client.post(f"/api/v2/nodes/{DAN}/join", headers=bearer("zzzzzz.0123456789abcdef")).status_code
+                 for _ in range(4)]
+        assert codes == [401, 401, 401, 429]  # a guesser gets few tries
+    engine.dispose()

@@ -237,5 +237,5 @@ def agent_join(
                              unsafe_skip_ca_verification=unsafe_skip_ca_verification))
     typer.echo(f"Node {node} joined. Wrote {done.token_file} (0600)"
                + (f" and {done.ca_file} (0644)." if done.ca_file else "."))
-    ca_env = f"APIARY_CA_CERT={done.ca_file} " if done.ca_file else ""
-    typer.echo(f"Run its agent: {ca_env}apiary agent --api {api.rstrip('/')} --node {node} --credentials {creds}")
+    ca = f" --ca-cert {done.ca_file}" if done.ca_file else ""
+    typer.echo(f"Run its agent: apiary agent --api {api.rstrip('/')} --node {node} --credentials {creds}{ca}")
