@@ -214,8 +214,8 @@ class BootstrapTokens:
                                 .values(used=now, used_by=node))
             if claimed.rowcount != 1:  # type: ignore[attr-defined]  # another join spent it after our read
                 row = s.get(BootstrapToken, token_id, populate_existing=True)
-                assert row is not None  # rows are never deleted
-                self._check(row, node, known_nodes, now)
+                if row is not None:  # (rows are never deleted) the refusal naming who spent it
+                    self._check(row, node, known_nodes, now)
                 raise BootstrapTokenError(f"Bootstrap token {token_id} was already used.")
             new = self._directory.add_token(uow, "agent", node,
                                             description=f"node agent of {node}, joined with bootstrap token {token_id}")
