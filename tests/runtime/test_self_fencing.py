@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
+import threading
 import time
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -253,6 +256,80 @@ def test_a_replica_that_cannot_be_reached_is_left_for_the_next_and_back(tmp_path
         assert agent.backend.status(RUN).pid == pid and not agent.fenced
 
     scenario(agent, body)
+
+
+class HttpsControlPlane:
+    """A tiny HTTPS server answering the node-agent routes (empty assignments), in a thread, with
+    the certificate ``cert``/``key``; ``requests``: ``(method, path, Authorization)`` it read."""
+
+    def __init__(self, cert: Path, key: Path) -> None:
+        seen: list[tuple[str, str, str | None]] = []
+        self.requests = seen
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                seen.append((self.command, self.path, self.headers.get("Authorization")))
+                length = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(length)
+                body = (b'{"ack": []}' if self.command == "POST" else
+                        b'{"generation": 1, "assignments": [], "faults": []}')
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header(GRACE_HEADER, "30")
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_https_is_verified_against_the_platform_ca_and_an_impostor_is_left_for_the_next_replica(tmp_path):
+    """``run_agents(verify=http_verify(ca.crt))``: the first replica's certificate is signed by
+    another CA, so the agent never sends it a request (the TLS handshake fails: the token stays
+    unsent) and reports to the second, genuine one."""
+    from apiary import pki
+    from apiary.client import http_verify
+    from apiary.runtime.agent import run_agents
+
+    ca = pki.init_ca(tmp_path / "ca")
+    pki.init_ca(tmp_path / "other-ca")
+    impostor = HttpsControlPlane(*pki.issue(tmp_path / "other-ca", tmp_path / "certs", "impostor", ["127.0.0.1"]))
+    genuine = HttpsControlPlane(*pki.issue(tmp_path / "ca", tmp_path / "certs", "genuine", ["127.0.0.1"]))
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        agents = asyncio.create_task(run_agents(
+            [impostor.url, genuine.url], {"n1": 1}, tmp_path / "agents", simulated_gpus=True, stop=stop,
+            tokens={"n1": "node-token"}, verify=http_verify(ca)))
+        try:
+            await until(lambda: any(m == "POST" for m, _, _ in genuine.requests) or agents.done(), SOON_S,
+                        "a report to the genuine replica")
+        finally:
+            stop.set()
+            await agents
+
+    try:
+        asyncio.run(main())
+    finally:
+        impostor.close()
+        genuine.close()
+    assert impostor.requests == []
+    assert ("POST", "/api/v2/nodes/n1/status", "Bearer node-token") in genuine.requests
+    assert json.loads((tmp_path / "agents" / "n1.contact.json").read_text())["graceS"] == 30
 
 
 def test_replica_urls_come_as_a_list_or_comma_separated():
