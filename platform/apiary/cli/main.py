@@ -30,6 +30,7 @@ from apiary.cli.hosts import hosts_app
 from apiary.cli.identity import add_identity_commands
 from apiary.cli.image import image_app
 from apiary.cli.incident import incident_app, oncall_command
+from apiary.cli.join import agent_join, bootstrap_token_app
 from apiary.cli.load import load_app
 from apiary.cli.rollout import add_rollout_commands
 from apiary.cli.sim import sim_app
@@ -48,6 +49,7 @@ cluster_app = typer.Typer(no_args_is_help=True, help="Cluster and virtual-cluste
 demo_app = typer.Typer(no_args_is_help=True, help="Demonstrations on a fresh embedded platform.")
 app.add_typer(job_app, name="job")
 app.add_typer(node_app, name="node")
+node_app.add_typer(bootstrap_token_app, name="bootstrap-token")
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(demo_app, name="demo")
 app.add_typer(sim_app, name="sim")
@@ -155,9 +157,11 @@ def up(
         platform.stop()
 
 
-@app.command("control-plane", hidden=True)
-def control_plane(port: int = typer.Option(8470), host: str = typer.Option("127.0.0.1")) -> None:
-    """Run the control-plane process (started by apiary up)."""
+@app.command("control-plane")
+def control_plane(port: int = typer.Option(8470), host: str = typer.Option(
+        "127.0.0.1", help="Address to listen on (the host's own address, or 0.0.0.0, on many machines).")) -> None:
+    """Run a control-plane replica (apiary up starts one; on many machines, one per control-plane host: README,
+    "Running on many machines"). HTTPS with APIARY_TLS_CERT and APIARY_TLS_KEY."""
     from apiary.wiring import serve
 
     use_private_umask()  # the store, its WAL and the task logs hold the jobs' secrets
@@ -165,9 +169,18 @@ def control_plane(port: int = typer.Option(8470), host: str = typer.Option("127.
     serve(_settings(), host=host, port=port)
 
 
-@app.command(hidden=True)
+agent_app = typer.Typer(
+    invoke_without_command=True, no_args_is_help=False,
+    help="Run node agents (`apiary agent --api URL --node NODE`), or join a node (`apiary agent join`).")
+agent_app.command("join")(agent_join)
+app.add_typer(agent_app, name="agent")
+
+
+@agent_app.callback()
 def agent(
-    api: str = typer.Option(..., help="Control-plane URL."),
+    ctx: typer.Context,
+    api: str | None = typer.Option(
+        None, help="Control-plane URL; several replicas comma-separated (https://cp1:8470,https://cp2:8470)."),
     node: list[str] = typer.Option([], help="Node(s) this process is the agent of."),
     all_nodes: bool = typer.Option(False, "--all-nodes", help="Be the agent of every node in the cluster config."),
     simulated_gpus: bool = typer.Option(False, "--simulated-gpus", help="Advertise the config's GPUs (no driver)."),
@@ -176,8 +189,12 @@ def agent(
     ),
     state_dir: Path = typer.Option(Path("~/.apiary/agents")),
     credentials: Path | None = typer.Option(
-        None, help="Directory of the nodes' agent-<node>.token files (default APIARY_HOME/credentials)."
+        None, help="Directory of the nodes' agent-<node>.token files (default APIARY_HOME/credentials; "
+                   "apiary agent join writes them)."
     ),
+    ca_cert: Path | None = typer.Option(
+        None, "--ca-cert", help="The platform CA (PEM) the control plane's HTTPS is verified against "
+                                "(default APIARY_CA_CERT)."),
     workdir: str | None = typer.Option(None, help="Working directory of tasks (process backend)."),
     metrics_ports: str | None = typer.Option(
         None, help='Serve each node\'s /metrics: JSON {"node": port} (0 = any free port), or "auto".'
@@ -189,29 +206,43 @@ def agent(
     registry: str | None = typer.Option(None, help="The platform registry's host:port ({registry} in the map)."),
     metrics_host: str = typer.Option("127.0.0.1", help="Address /metrics binds to (0.0.0.0 in a pod)."),
 ) -> None:
-    """Run node agents (started by apiary up). SIGTERM stops them and their tasks."""
-    import httpx
+    """Run node agents (``apiary up`` starts them; on other hosts, after ``apiary agent join``).
+    SIGTERM stops them and their tasks."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if not api:
+        err.print("--api is required: the control plane's URL (several replicas comma-separated).")
+        raise typer.Exit(2)
+    import time
 
     from apiary.auth.bootstrap import read_token
+    from apiary.client import ApiaryClient, http_verify
     from apiary.runtime.agent import run_agents
 
     use_private_umask()  # launch records, scripts and task output hold the jobs' secrets
     _logging()
     creds = (credentials or _settings().credentials_dir).expanduser()
+    ca = ca_cert or _settings().ca_cert
     tokens = {p.name[len("agent-"):-len(".token")]: read_token(p) or "" for p in creds.glob("agent-*.token")}
     any_token = next(iter(tokens.values()), "")
     inventory = {}
+    try:
+        client = ApiaryClient(api, timeout=5, token=any_token or None, ca_cert=ca)
+    except ApiaryError as e:  # a token over plain HTTP off loopback, a malformed URL
+        err.print(f"[red]error[/red] ({e.status_code}): {e.message}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from e
     for _ in range(100):
         try:
-            r = httpx.get(f"{api}/api/v2/nodes", timeout=5, headers={"Authorization": f"Bearer {any_token}"})
-            r.raise_for_status()
-            inventory = {n["name"]: n["gpus"] for n in r.json()}
+            inventory = {n["name"]: n["gpus"] for n in client.nodes()}
             break
-        except httpx.HTTPError:
-            import time
-
+        except ApiaryError:
             time.sleep(0.2)
-    nodes = inventory if all_nodes else {n: inventory[n] for n in node}
+    client.close()
+    unknown = sorted(set(node) - set(inventory))
+    if unknown and inventory:
+        err.print(f"node(s) {', '.join(unknown)} are not in the control plane's cluster config")
+        raise typer.Exit(1)
+    nodes = inventory if all_nodes else {n: inventory[n] for n in node if n in inventory}
     images = None
     if runtime == "docker":
         from apiary.images import imagemap
@@ -234,7 +265,7 @@ def agent(
             run_agents(
                 api, group, state_dir.expanduser(), simulated_gpus=simulated, workdir=workdir, stop=stop,
                 kill_tasks_on_exit=True, metrics_ports=ports, tokens=tokens, runtime=runtime, image_map=images,
-                metrics_host=metrics_host,
+                metrics_host=metrics_host, verify=http_verify(ca),
             )
             for group, simulated in groups if group
         ))
