@@ -452,3 +452,14 @@ def test_the_node_routes_tell_the_agent_the_grace(tmp_path):
         for r in (c.post(f"/api/v2/nodes/{CAROL}/status", json=body), c.get(f"/api/v2/nodes/{CAROL}/assignments")):
             assert r.status_code == 200, r.text
             assert r.headers[GRACE_HEADER] == "12.5"
+
+
+@pytest.mark.parametrize(("urls", "grace", "period"), [
+    ("https://198.18.0.2:8470", 30.0, 2.0),
+    ("https://198.18.0.2:8470", 6.0, 1.0),
+    ("http://127.0.0.1:8470", 6.0, 2.0),
+], ids=["default-grace", "short-grace", "not-fencing"])
+def test_heartbeats_come_at_least_three_times_before_the_fence(tmp_path, urls, grace, period):
+    agent = NodeAgent("n1", urls, ProcessBackend(tmp_path / "n1"), None, gpus=1, simulated_gpus=True,
+                      contact=ContactClock(grace))
+    assert agent.heartbeat_period_s() == period

@@ -215,6 +215,13 @@ class NodeAgent:
         r.raise_for_status()
         return r
 
+    def heartbeat_period_s(self) -> float:
+        """Seconds between bare heartbeats: HEARTBEAT_S, or a third of the time before the fence
+        when that is shorter (a short grace), so that two lost heartbeats in a row never fence."""
+        if not self.self_fence:
+            return HEARTBEAT_S
+        return max(0.1, min(HEARTBEAT_S, self.contact.fence_after_s() / 3))
+
     def _exchange_timeout_s(self) -> float:
         """Timeout of one report or log upload, seconds: bounded by the grace while self-fencing
         (:meth:`~apiary.runtime.link.ContactClock.exchange_timeout_s`: a silent replica must not
@@ -586,7 +593,8 @@ class NodeAgent:
         sent = self.contact.clock()  # before anything is sent: the contact is counted from here
         await self._ship_logs(rest)
         now = time.monotonic()
-        if not changed and not inline and problem == self._sent_problem and now - self._last_beat < HEARTBEAT_S:
+        if (not changed and not inline and problem == self._sent_problem
+                and now - self._last_beat < self.heartbeat_period_s()):
             return
         body = {
             "agentId": self.agent_id,

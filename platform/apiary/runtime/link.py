@@ -55,6 +55,9 @@ SELF_FENCE_MARGIN_MIN_S = 3.0
 #: The margin's share of the grace for long graces: 20 % (6 s of the default 30 s), so a slow stop
 #: on a busy node or a container runtime's slower kill still ends before the grace does.
 SELF_FENCE_MARGIN_SHARE = 0.2
+#: Below this many seconds between the last answered report and the fence (a grace under 6 s),
+#: the agent warns: a report delayed a moment on a busy host stops every run.
+MIN_FENCE_AFTER_S = 3.0
 #: SIGTERM grace, seconds, of a self-fence stop: short, since the whole kill must end within the
 #: margin (a task gets its usual 5 s only when the control plane stops it).
 FENCE_STOP_GRACE_S = 1.0
@@ -134,9 +137,13 @@ class ContactClock:
         """A report sent at ``sent_at`` (a ``clock()`` reading taken before sending) was answered;
         ``grace_s``: the grace the answer named (None: it named none). Never moves backwards."""
         if grace_s is not None and grace_s > 0 and grace_s != self.grace_s:
-            logger.info("node-lost grace is %.1f s (was %.1f s): self-fencing after %.1f s without contact",
-                        grace_s, self.grace_s, grace_s - self_fence_margin_s(grace_s))
             self.grace_s = grace_s
+            logger.info("node-lost grace is %.1f s: self-fencing after %.1f s without contact", grace_s,
+                        self.fence_after_s())
+            if self.fence_after_s() < MIN_FENCE_AFTER_S:
+                logger.warning("a node-lost grace of %.1f s leaves %.1f s before self-fencing: reports delayed "
+                               "a moment will stop every run; use APIARY_NODE_LOST_AFTER_S >= %.0f", grace_s,
+                               self.fence_after_s(), MIN_FENCE_AFTER_S + SELF_FENCE_MARGIN_MIN_S)
         self.last = max(self.last, sent_at)
         if self.record is not None and self.last - self._written >= self.RECORD_EVERY_S:
             self._write(self.record)
