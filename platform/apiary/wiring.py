@@ -53,6 +53,7 @@ from apiary.drills.board import DrillBoard
 from apiary.errors import ValidationError
 from apiary.ops.alertlog import AlertLog
 from apiary.ops.alerts import ActionsConfig, AlertReceiver
+from apiary.pki import server_ssl_kwargs
 from apiary.response import runtime as response
 from apiary.response.escalator import EscalationWorker
 from apiary.response.service import IncidentService
@@ -234,19 +235,17 @@ def app_of(w: Wiring) -> FastAPI:
     return app
 
 
-def tls_files(settings: Settings) -> tuple[Path, Path] | None:
-    """``(tls_cert, tls_key)`` when both are set (serve HTTPS), None when neither is. Raises
-    ValidationError naming the missing one, or a file that does not exist."""
+def tls_files(settings: Settings) -> dict[str, str]:
+    """uvicorn's TLS arguments (:func:`apiary.pki.server_ssl_kwargs`) when ``tls_cert`` and
+    ``tls_key`` are both set, ``{}`` (plain HTTP) when neither is. Raises ValidationError naming the
+    missing one, or a file that does not exist."""
     cert, key = settings.tls_cert, settings.tls_key
     if cert is None and key is None:
-        return None
+        return {}
     if cert is None or key is None:
         missing = "APIARY_TLS_CERT" if cert is None else "APIARY_TLS_KEY"
         raise ValidationError(missing, "HTTPS needs both APIARY_TLS_CERT and APIARY_TLS_KEY")
-    for name, path in (("APIARY_TLS_CERT", cert), ("APIARY_TLS_KEY", key)):
-        if not path.expanduser().is_file():
-            raise ValidationError(name, f"no such file: {path}")
-    return cert.expanduser(), key.expanduser()
+    return server_ssl_kwargs(cert.expanduser(), key.expanduser())
 
 
 def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8470) -> None:
@@ -284,7 +283,7 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8470) -> None
     (run_dir / "control-plane.pid").write_text(str(os.getpid()))
     config = uvicorn.Config(app_of(w), host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=2,  # agents' long polls must not hold a restart
-                            ssl_certfile=str(tls[0]) if tls else None, ssl_keyfile=str(tls[1]) if tls else None)
+                            ssl_certfile=tls.get("ssl_certfile"), ssl_keyfile=tls.get("ssl_keyfile"))
     server = uvicorn.Server(config)
     w.start()
     logger.info("control plane listening on %s://%s:%d (replica %s, advertised as %s)", scheme, host, port,

@@ -35,9 +35,10 @@ from tests.support.builders import LAB6, minimal_job
 from tests.support.polling import nodes_ready, until
 
 from apiary.auth.bootstrap import read_token
-from apiary.client import ApiaryClient
+from apiary.client import ApiaryClient, http_verify
 from apiary.embedded import REPO_ROOT
 from apiary.errors import ApiaryError, ConflictError, UnavailableError
+from apiary.pki import init_ca, issue
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -54,17 +55,19 @@ def _free_port() -> int:
 class Replica:
     """One ``apiary control-plane`` process on ``home``, logging to ``home/cp.log``."""
 
-    def __init__(self, name: str, home: Path, db_url: str) -> None:
-        self.name, self.home, self.db_url = name, home, db_url
+    def __init__(self, name: str, home: Path, db_url: str, env: dict[str, str] | None = None,
+                 ca: Path | None = None) -> None:
+        self.name, self.home, self.db_url, self.env = name, home, db_url, env or {}
         self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}"
+        self.verify = http_verify(ca)
         self.proc: subprocess.Popen | None = None
         self.log = home / "cp.log"
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "APIARY_"))}
         env.update({"APIARY_HOME": str(self.home), "APIARY_DATABASE_URL": self.db_url, "PYTHONUNBUFFERED": "1",
-                    "APIARY_REPLICA_ID": f"cp-{self.name}"})
+                    "APIARY_REPLICA_ID": f"cp-{self.name}", **self.env})
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "apiary", "control-plane", "--port", str(self.port)],
                                          env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
@@ -72,7 +75,7 @@ class Replica:
 
     def health(self) -> dict | None:
         try:
-            return httpx.get(f"{self.url}/healthz", timeout=2).json()
+            return httpx.get(f"{self.url}/healthz", timeout=2, verify=self.verify).json()
         except (httpx.HTTPError, ValueError):
             return None
 
@@ -241,8 +244,8 @@ def test_kill_9_of_the_leader_loses_no_job_and_a_paused_leader_is_fenced(cluster
     assert answer, "b never answered its in-flight submission"
     assert answer[0].status_code == 503 and answer[0].json()["code"] == "NotLeaderError", answer[0].text
     assert b.proc.wait(30) == 3, "the deposed leader did not step down with its exit code"
-    log = b.tail()
-    assert "fenced write refused" in log and "steps down" in log, log
+    log = b.log.read_text(errors="replace")
+    assert "fenced write refused" in log and "steps down" in log, log[-3000:]
     with pytest.raises(ApiaryError) as gone:
         ApiaryClient(a.url, token=cluster["token"]).get("admin~late")
     assert gone.value.status_code == 404  # the fenced write committed nothing
@@ -261,3 +264,40 @@ def _waiting_insert(db_url: str) -> bool:
         row = c.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                         "AND query ILIKE 'INSERT INTO jobs%'").fetchone()
     return bool(row and row[0])
+
+
+def test_replicas_serve_https_and_a_follower_forwards_over_it(tmp_path: Path) -> None:
+    """Both replicas serve HTTPS with a certificate of the platform CA; a client that knows only the
+    follower submits through it (forwarded to the leader, verified against the CA) and reads the
+    job back from the follower's store."""
+    (tmp_path / "pg").mkdir()
+    db_url, stop_pg = start_postgres_or_skip(tmp_path / "pg")
+    started: list[Replica] = []
+    try:
+        ca = init_ca(tmp_path / "ca")
+        cert, key = issue(tmp_path / "ca", tmp_path / "certs", "control-plane", ["127.0.0.1", "localhost"])
+        tls = {"APIARY_TLS_CERT": str(cert), "APIARY_TLS_KEY": str(key), "APIARY_CA_CERT": str(ca)}
+        home_a = tmp_path / "home-a"
+        home_a.mkdir(mode=0o700)
+        shutil.copy(LAB6 / "hived-config-two-vcs.yaml", home_a / "cluster.yaml")
+        a = Replica("a", home_a, db_url, tls, ca)
+        a.start()
+        started.append(a)
+        until(lambda: a.role() == "leader", 60, f"replica a leads over HTTPS\n{a.tail()}")
+        home_b = tmp_path / "home-b"
+        shutil.copytree(home_a, home_b, ignore=shutil.ignore_patterns("run", "task-logs", "cp.log"))
+        b = Replica("b", home_b, db_url, tls, ca)
+        b.start()
+        started.append(b)
+        until(lambda: (b.health() or {}).get("leader") == a.url, 60, f"replica b follows a\n{b.tail()}")
+        with pytest.raises(httpx.HTTPError):  # plain HTTP is not served
+            httpx.get(f"http://127.0.0.1:{a.port}/healthz", timeout=5)
+        follower = ApiaryClient(b.url, token=read_token(home_a / "token"), ca_cert=ca)
+        job = follower.submit(_job("over-tls"))
+        assert job["id"] == "admin~over-tls"
+        assert follower.get("admin~over-tls")["name"] == "over-tls"  # read by the follower from the store
+        assert a.health()["role"] == "leader" and b.health()["role"] == "follower"
+    finally:
+        for r in started:
+            r.stop()
+        stop_pg()
