@@ -53,7 +53,7 @@ def _table(hosts: Hosts) -> Table:
 @hosts_app.command("up")
 def up_cmd(names: list[str] = typer.Argument(..., help="Host names (DNS labels), e.g. db cp1 node1."),
            root: Path = _ROOT) -> None:
-    """Make the hosts; they stay until `apiary hosts down --root DIR`."""
+    """Make the hosts; they stay until apiary hosts down --root DIR."""
     from apiary.hosts.netns import Hosts, HostsError
 
     try:
@@ -84,9 +84,9 @@ def list_cmd(root: Path = _ROOT) -> None:
 
 @hosts_app.command("exec")
 def exec_cmd(name: str = typer.Argument(..., help="The host to run in."),
-             command: list[str] = typer.Argument(..., help="The command, after `--`."),
+             command: list[str] = typer.Argument(..., help="The command, after --."),
              root: Path = _ROOT) -> None:
-    """Run a command inside a host: `apiary hosts exec NAME --root DIR -- CMD...`."""
+    """Run a command inside a host: apiary hosts exec NAME --root DIR -- CMD...."""
     from apiary.hosts.netns import Hosts, HostsError
 
     try:

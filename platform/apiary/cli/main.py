@@ -171,7 +171,7 @@ def control_plane(port: int = typer.Option(8470), host: str = typer.Option(
 
 agent_app = typer.Typer(
     invoke_without_command=True, no_args_is_help=False,
-    help="Run node agents (`apiary agent --api URL --node NODE`), or join a node (`apiary agent join`).")
+    help="Run node agents (apiary agent --api URL --node NODE), or join a node first (apiary agent join).")
 agent_app.command("join")(agent_join)
 app.add_typer(agent_app, name="agent")
 
@@ -206,7 +206,7 @@ def agent(
     registry: str | None = typer.Option(None, help="The platform registry's host:port ({registry} in the map)."),
     metrics_host: str = typer.Option("127.0.0.1", help="Address /metrics binds to (0.0.0.0 in a pod)."),
 ) -> None:
-    """Run node agents (``apiary up`` starts them; on other hosts, after ``apiary agent join``).
+    """Run node agents (apiary up starts them; on other hosts, after apiary agent join).
     SIGTERM stops them and their tasks."""
     if ctx.invoked_subcommand is not None:
         return
