@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,6 +164,17 @@ class Wiring:
         return ReplicaRole("follower", seen.holder_url if known and seen is not None else "", epoch, self.identity,
                            fenced)
 
+    def settle(self, timeout_s: float = 5.0) -> None:
+        """Wait (at most ``timeout_s``) for the first election round and, when it won the lease, for
+        the leader's work to start: a sole replica then leads as soon as its port opens."""
+        if self.elector is None:
+            return
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if self.elector.observed is not None and (not self.elector.leading or self._working.is_set()):
+                return
+            time.sleep(0.01)
+
     def stop(self) -> None:
         """Stop what :meth:`start` started (the lease is left to expire)."""
         if self.elector is not None:
@@ -286,6 +298,7 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8470) -> None
                             ssl_certfile=tls.get("ssl_certfile"), ssl_keyfile=tls.get("ssl_keyfile"))
     server = uvicorn.Server(config)
     w.start()
+    w.settle()
     logger.info("control plane listening on %s://%s:%d (replica %s, advertised as %s)", scheme, host, port,
                 w.identity, w.url)
     try:

@@ -296,7 +296,7 @@ def test_replicas_serve_https_and_a_follower_forwards_over_it(tmp_path: Path) ->
         job = follower.submit(_job("over-tls"))
         assert job["id"] == "admin~over-tls"
         assert follower.get("admin~over-tls")["name"] == "over-tls"  # read by the follower from the store
-        assert a.health()["role"] == "leader" and b.health()["role"] == "follower"
+        assert (a.role(), b.role()) == ("leader", "follower")
     finally:
         for r in started:
             r.stop()
