@@ -68,7 +68,7 @@ from apiary.chaos.target import (
     unique_name,
 )
 from apiary.client import http_verify
-from apiary.errors import ConflictError, UnavailableError, ValidationError
+from apiary.errors import ApiaryError, ConflictError, ValidationError
 from apiary.hosts.netns import Hosts
 from apiary.hosts.postgres import PostgresServer
 from apiary.spec.cluster import load_cluster_config
@@ -423,16 +423,21 @@ def replaceable_vc(vc_nodes: Mapping[str, list[str]], preferred: Sequence[str]) 
 def submit_stream(name: str = "chaos-stream", jobs: int = 20, interval_s: float = 0.5, vc: str = "",
                   command: str = "sleep 1", retry_s: float = 60.0, configuration: Configuration = None) -> dict:
     """Submit ``jobs`` one-GPU jobs (``command``; VC ``vc``, "": the probe VC), one every
-    ``interval_s`` seconds, as a client that retries: a 503 or an unreachable API (a failover, a
-    store restart) is retried with the same job name for up to ``retry_s`` seconds; a 409 for a
-    name this stream sent before means the earlier try was accepted. Every accepted job counts
-    for ``no_accepted_job_lost`` and :func:`stream_jobs_succeed`. Meant to run in the background
-    of a method (``"background": true``). Returns ``{"accepted", "retries", "unavailable_s"}``;
-    raises SteadyStateViolation when a job could not be submitted within ``retry_s``."""
+    ``interval_s`` seconds, as a client that retries: a 5xx answer or an unreachable API (a
+    failover, a store restart) is retried with the same job name for up to ``retry_s`` seconds
+    (the name makes the retry safe: a 409 for a name this stream sent before means an earlier try
+    was committed, and then it counts as accepted); a 4xx fails at once. Every accepted job
+    counts for ``no_accepted_job_lost`` and :func:`stream_jobs_succeed`. Meant to run in the
+    background of a method (``"background": true``). Returns ``{"accepted", "retries",
+    "unavailable_s", "answers"}``: ``unavailable_s`` sums the seconds from a job's first failed
+    try to its acceptance; ``answers`` counts the failed tries by status (``"503"``; a transport
+    error or no replica reachable is ``"transport"`` or ``"503"``), so the journal shows what
+    clients saw.
+    Raises SteadyStateViolation when a job could not be submitted within ``retry_s``."""
     t = Target.of(configuration)
     stream = _stream(name)
     stream.done.clear()
-    result: dict[str, Any] = {"accepted": 0, "retries": 0, "unavailable_s": 0.0}
+    result: dict[str, Any] = {"accepted": 0, "retries": 0, "unavailable_s": 0.0, "answers": {}}
     stream.result = result
     try:
         with closing(t.client(timeout=10.0)) as c:
@@ -443,26 +448,31 @@ def submit_stream(name: str = "chaos-stream", jobs: int = 20, interval_s: float 
                     time.sleep(interval_s)
                 job_name = unique_name(name)
                 text = job_text(job_name, vc or t.probe_vc, [command], role="train")
-                deadline = time.monotonic() + retry_s
-                sent = False
+                first_try = time.monotonic()
+                failed = False
                 while True:
-                    t0 = time.monotonic()
                     try:
                         job_id = str(c.submit(text)["id"])
                         break
                     except ConflictError:
-                        if not sent:
+                        if not failed:
                             raise
-                        job_id = f"{user}~{job_name}"  # an earlier try was committed
+                        job_id = f"{user}~{job_name}"  # an earlier try was committed after all
                         break
-                    except (UnavailableError, httpx.HTTPError) as e:
-                        sent = True
+                    except (ApiaryError, httpx.HTTPError) as e:
+                        status = getattr(e, "status_code", 503) if isinstance(e, ApiaryError) else "transport"
+                        if isinstance(status, int) and status < 500:
+                            raise
+                        failed = True
                         result["retries"] += 1
-                        if time.monotonic() >= deadline:
+                        seen = result["answers"]
+                        seen[str(status)] = seen.get(str(status), 0) + 1
+                        if time.monotonic() - first_try >= retry_s:
                             raise SteadyStateViolation(f"job {job_name} not accepted within {retry_s:.0f} s: {e}"
                                                        ) from e
                         time.sleep(0.5)
-                        result["unavailable_s"] = round(result["unavailable_s"] + time.monotonic() - t0, 2)
+                if failed:
+                    result["unavailable_s"] = round(result["unavailable_s"] + time.monotonic() - first_try, 2)
                 record_accepted(job_id)
                 result["accepted"] += 1
     finally:
