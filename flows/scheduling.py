@@ -23,7 +23,7 @@ from pydantic import Field
 
 from apiary.errors import PlatformError
 from apiary.tracking.source import service_headers
-from apiary.tracking.submit import platform_api_url, run_scheduler_cycle
+from apiary.tracking.submit import platform_api_url, platform_verify, run_scheduler_cycle
 
 
 @flow(name="scheduling-loop", persist_result=False)
@@ -34,7 +34,8 @@ async def scheduling_loop(
     """Run ``cycles`` scheduler cycles ``interval_s`` apart; return one row per cycle."""
     log = get_run_logger()
     rows: list[dict] = []
-    async with httpx.AsyncClient(base_url=platform_api_url(), timeout=30.0, headers=service_headers()) as client:
+    async with httpx.AsyncClient(base_url=platform_api_url(), timeout=30.0, headers=service_headers(),
+                                 verify=platform_verify()) as client:
         for cycle in range(cycles):
             try:
                 result = await run_scheduler_cycle(client)

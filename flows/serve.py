@@ -44,8 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import httpx  # noqa: E402
 from prefect import serve  # noqa: E402
 
+from apiary.client import split_api_urls  # noqa: E402
 from apiary.tracking.portal import form_schema  # noqa: E402
 from apiary.tracking.source import service_headers  # noqa: E402
+from apiary.tracking.submit import platform_verify, reachable_replica  # noqa: E402
 from ci import platform_ci, platform_deploy  # noqa: E402
 from drills import chaos_drill, inspection, load_drill, stress_drill  # noqa: E402
 from job import rerun_job, submit_form, submit_yaml  # noqa: E402
@@ -62,7 +64,9 @@ def virtual_clusters(api_url: str | None) -> list[str]:
     if not api_url:
         return []
     try:
-        resp = httpx.get(f"{api_url.rstrip('/')}/api/v2/cluster/status", timeout=10, headers=service_headers())
+        base = reachable_replica(split_api_urls(api_url))
+        resp = httpx.get(f"{base}/api/v2/cluster/status", timeout=10, headers=service_headers(),
+                         verify=platform_verify())
         resp.raise_for_status()
         return sorted(resp.json().get("virtualClusters", {}))
     except (httpx.HTTPError, ValueError) as exc:

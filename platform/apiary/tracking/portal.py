@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from apiary.errors import ConflictError, UnavailableError, UserError, error_from_response
 from apiary.tracking.source import API_PREFIX, FLOW_RUN_HEADER, service_headers
-from apiary.tracking.submit import FINAL_STATES, platform_api_url, submit_job, wait_for_job
+from apiary.tracking.submit import FINAL_STATES, platform_api_url, platform_verify, submit_job, wait_for_job
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +155,8 @@ async def run_job(
     if (job is None) == (job_id is None):
         raise UserError("job: give either a job spec or the id of an existing job")
     base = platform_api_url()
-    async with httpx.AsyncClient(base_url=base, timeout=30.0, headers=service_headers()) as client:
+    async with httpx.AsyncClient(base_url=base, timeout=30.0, headers=service_headers(),
+                                 verify=platform_verify()) as client:
         if job is not None:
             if not user:
                 raise UserError("user: required to submit a job")

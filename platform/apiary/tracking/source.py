@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
+from apiary.client import check_token_transport, http_verify, split_api_urls
 from apiary.errors import NotFoundError, UnavailableError, error_from_response
 
 #: Links per ``PUT /api/v2/flowRuns``: the API takes at most 1,000 (apiary.api.schemas.MAX_FLOW_RUN_LINKS).
@@ -100,7 +102,10 @@ def _raise_for(resp: httpx.Response, what: str) -> None:
 
 
 class HttpEventSource:
-    """:class:`JobEventSource` over Apiary's REST API at ``api_url`` (``http://host:port``).
+    """:class:`JobEventSource` over Apiary's REST API at ``api_url`` (``http://host:port``; several
+    control-plane replicas comma-separated: a call that cannot reach one moves the next call to the
+    next). HTTPS is verified against ``ca_cert`` (default ``APIARY_CA_CERT``); a token is never sent
+    over plain HTTP off loopback (:class:`~apiary.errors.PlaintextTokenError`).
 
     ``api_url`` may or may not end in ``/api/v2``. One ``httpx.AsyncClient`` per instance,
     created lazily in the running event loop; call :meth:`aclose` when done.
@@ -112,14 +117,26 @@ class HttpEventSource:
         timeout_s: float = 10.0,
         token: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        ca_cert: Path | None = None,
     ) -> None:
-        base = api_url.rstrip("/")
-        if base.endswith(API_PREFIX):
-            base = base[: -len(API_PREFIX)]
-        self.base_url = base
+        self.base_urls = []
+        for url in split_api_urls(api_url):
+            base = url.rstrip("/")
+            if base.endswith(API_PREFIX):
+                base = base[: -len(API_PREFIX)]
+            self.base_urls.append(base)
+        self.base_url = self.base_urls[0]
         self.timeout_s = timeout_s
         self._headers = service_headers(token)
         self._transport = transport  # tests pass httpx.MockTransport
+        if transport is None:  # a fake transport sends nothing anywhere
+            for base in self.base_urls:
+                check_token_transport(base, self._headers.get("Authorization", "").removeprefix("Bearer ") or None)
+        if ca_cert is None and transport is None:
+            from apiary.settings import Settings
+
+            ca_cert = Settings().ca_cert
+        self._verify = http_verify(ca_cert)
         self._client: httpx.AsyncClient | None = None
         self._loop: Any = None
 
@@ -134,6 +151,7 @@ class HttpEventSource:
                 timeout=self.timeout_s,
                 headers=self._headers,
                 transport=self._transport,
+                verify=self._verify,
             )
             self._loop = loop
         return self._client
@@ -142,6 +160,14 @@ class HttpEventSource:
         try:
             resp = await self._http().request(method, path, **kw)
         except httpx.HTTPError as exc:
+            # The next call goes to the next control-plane replica: the bridge retries every call,
+            # and the writes here (a flow-run link, a stop) are idempotent.
+            if len(self.base_urls) > 1:
+                i = self.base_urls.index(self.base_url)
+                self.base_url = self.base_urls[(i + 1) % len(self.base_urls)]
+                old, self._client = self._client, None
+                if old is not None:
+                    await old.aclose()
             raise UnavailableError(f"{what}: apiary unreachable at {self.base_url}: {exc!r}") from exc
         _raise_for(resp, what)
         return resp

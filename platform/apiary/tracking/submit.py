@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import ssl
 import time
 from typing import Any
 
 import httpx
 
+from apiary.client import http_verify, split_api_urls
 from apiary.errors import ApiaryError, PlatformError, UnavailableError, UserError, error_from_response
 from apiary.tracking.source import API_PREFIX, FLOW_RUN_HEADER, ON_BEHALF_HEADER
 
@@ -67,8 +69,36 @@ def platform_api_url() -> str:
             url = None
     if not url:
         raise UserError("APIARY_API_URL: not set in the environment of the process that runs the flows")
-    url = url.rstrip("/")
+    url = reachable_replica(split_api_urls(url))
     return url[: -len(API_PREFIX)] if url.endswith(API_PREFIX) else url
+
+
+def reachable_replica(urls: list[str], timeout_s: float = 2.0) -> str:
+    """The first of the control-plane replicas ``urls`` that accepts a TCP connection within
+    ``timeout_s`` (any replica serves: followers forward to the leader), else the first one, so the
+    caller's request fails with its own error. One URL is returned as it is, untried."""
+    if len(urls) == 1:
+        return urls[0]
+    import socket
+    from urllib.parse import urlsplit
+
+    for url in urls:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
+            return url
+        except OSError:
+            continue
+    return urls[0]
+
+
+def platform_verify() -> ssl.SSLContext | bool:
+    """What the flows verify the platform's HTTPS against: the platform CA (``APIARY_CA_CERT``),
+    else the system's CAs."""
+    from apiary.settings import Settings
+
+    return http_verify(Settings().ca_cert)
 
 
 def _job_body(job: Any) -> tuple[bytes, str]:
