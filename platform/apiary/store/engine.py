@@ -59,7 +59,20 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, hide_parameters=True)
+    connect_args = POSTGRES_CONNECT_ARGS if url.startswith("postgresql") else {}
+    return create_engine(url, pool_pre_ping=True, hide_parameters=True, connect_args=connect_args)
+
+
+#: libpq's connection parameters for PostgreSQL (https://www.postgresql.org/docs/current/libpq-connect.html):
+#: a server that does not answer a connect within 5 s, or a link that leaves sent data unacknowledged
+#: for 2 s (``tcp_user_timeout``, ms: a cut or black-holed route), fails the statement instead of
+#: hanging it for TCP's minutes of retransmissions, so the caller gets 503 while it still can
+#: answer (a replica cut off from the store steps down within its lease); keepalives find an idle
+#: connection's dead peer within about 16 s.
+POSTGRES_CONNECT_ARGS: dict[str, int] = {
+    "connect_timeout": 5, "tcp_user_timeout": 2000,
+    "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 2, "keepalives_count": 3,
+}
 
 
 def migrate(engine: Engine) -> None:
