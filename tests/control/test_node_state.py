@@ -148,3 +148,31 @@ def test_a_report_with_runs_writes_the_runs_and_leaves_a_fresh_node_row_alone(h1
     h1.tick(HEARTBEAT_PERSIST_S)
     h1.report(CAROL, [h1.status(a["runId"], "exited", 0)])
     assert h1.job(job)["state"] == "SUCCEEDED" and stored() == h1.clock()  # due again: written with the runs
+
+
+def test_a_wall_clock_step_does_not_declare_a_silent_node_lost(tmp_path: Path) -> None:
+    """Node loss is measured on the monotonic clock under the wall clock: an NTP step of the wall
+    clock by an hour declares no node lost (its agent, counting on its own monotonic clock, has not
+    fenced its runs), while real silence past the grace does."""
+    import time
+
+    from tests.support.plane import LAB6
+
+    from apiary.control.plane import ControlPlane
+    from apiary.spec.cluster import load_cluster_config
+    from apiary.store import make_engine, migrate, session_factory
+
+    engine = make_engine(f"sqlite:///{tmp_path}/a.db")
+    migrate(engine)
+    plane = ControlPlane(session_factory(engine), load_cluster_config(LAB6 / "hived-config-two-vcs.yaml"),
+                         tmp_path / "logs", clock=time.time, node_lost_after_s=30.0)
+    for node in (CAROL, DAN):
+        plane.node_report(node, gpus=1, simulated_gpus=True, address="127.0.0.1", agent_id="t", runs=[])
+    stepped = time.time() + 3600.0
+    plane.cache.clock = lambda: stepped  # the wall clock jumps an hour ahead
+    plane.nodes.check_lost_nodes()
+    assert {n["name"]: n["healthy"] for n in plane.list_nodes()} == {CAROL: True, DAN: True}
+    plane.cache.heard[DAN] -= 31.0  # DAN really silent past the grace (the monotonic clock's view)
+    plane.nodes.check_lost_nodes()
+    assert {n["name"]: n["healthy"] for n in plane.list_nodes()} == {CAROL: True, DAN: False}
+    engine.dispose()

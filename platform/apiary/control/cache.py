@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -68,6 +69,10 @@ class PlaneCache:
         self.sessions = sessions
         self.cluster = cluster
         self.clock = clock
+        #: Durations that decide (a node's silence) are measured on this clock: the monotonic one
+        #: under the wall clock, so a stepped wall clock (NTP) never declares nodes lost early,
+        #: before their agents fenced themselves (apiary.runtime.link); a test's fake clock drives both.
+        self.elapsed: Callable[[], float] = time.monotonic if clock is time.time else clock
         #: Lazy preemption (HiveD): a victim is first downgraded to opportunistic and only stopped if
         #: a preemptor really needs its cells.
         self.lazy = lazy_preemption
@@ -86,6 +91,7 @@ class PlaneCache:
         self.reread_queue = True
         self.needs_rebuild = False
         self.heartbeats: dict[str, float] = {}  # node -> exact time of its last report (memory only)
+        self.heard: dict[str, float] = {}  # node -> its last report on the elapsed clock (memory only)
         self.reported: dict[str, Seen] = {}  # node -> what its row says (a cache of committed facts)
         #: node -> (why its agent says it cannot record runs, when it said so): every report says it again.
         self.cannot_record: dict[str, tuple[str, float]] = {}

@@ -47,8 +47,10 @@ class ClusterService:
             if dropped:
                 logger.error("recover: placements the scheduler cannot hold: %s", dropped)
             self.cache.reported.clear()
+            heard = self.cache.elapsed()
             for row in s.scalars(select(Node)):
                 self.cache.heartbeats[row.name] = now
+                self.cache.heard[row.name] = heard
                 self.cache.reported[row.name] = Seen(
                     (row.gpus, row.simulated_gpus, row.address, row.agent_id, row.metrics_url),
                     bool(row.healthy), row.last_heartbeat or 0.0,

@@ -58,8 +58,8 @@ class NodeService:
         retry). A late report of such a run from its node (the node was cut off, not dead; its
         agent fenced the run itself, :mod:`apiary.runtime.link`) is acknowledged and changes
         nothing: the task is final (:meth:`node_report`)."""
-        now = self.cache.clock()
-        lost = sorted(n for n, seen in self.cache.heartbeats.items()  # (a reconfig drops nodes)
+        now = self.cache.elapsed()
+        lost = sorted(n for n, seen in self.cache.heard.items()  # (a reconfig drops nodes)
                       if now - seen > self.cache.node_lost_after_s and n in self.cache.node_names)
         if not lost:
             return
@@ -71,7 +71,7 @@ class NodeService:
                     continue
                 row.healthy = False
                 w.node_health(name, schedulable(row))
-                logger.warning("node=%s lost: no report for %.0f s", name, now - self.cache.heartbeats[name])
+                logger.warning("node=%s lost: no report for %.0f s", name, now - self.cache.heard[name])
                 job_ids = list(dict.fromkeys(s.scalars(  # in arrival order, as the simulator does
                     select(Task.job_id).join(Job, Job.id == Task.job_id)
                     .where(Task.node == name, Task.state.in_(ACTIVE_TASK_STATES))
@@ -108,6 +108,7 @@ class NodeService:
         info = (gpus, simulated_gpus, address, agent_id, metrics_url)
         with self.cache.lock:
             self.cache.heartbeats[node] = now
+            self.cache.heard[node] = self.cache.elapsed()
             if cannot_record:
                 if node not in self.cache.cannot_record:
                     logger.error("node=%s cannot record runs: %s", node, cannot_record)
