@@ -142,11 +142,8 @@ def thaw_agent(configuration: Configuration = None) -> dict:
 # ------------------------------------------------------------------------------ GPU faults
 def _fault(t: Target, node: str, body: dict) -> dict:
     """POST the fault ``body`` to ``node`` ("" or None: the target's fault node)."""
-    import httpx
-
     node = node or t.fault_node
-    r = httpx.post(f"{t.api_url}/api/v2/nodes/{node}/faults", json=body, timeout=30.0,
-                   headers={"Authorization": f"Bearer {t.token}"})
+    r = t.request("POST", f"/api/v2/nodes/{node}/faults", json_body=body)
     if r.status_code != 200:
         raise ValidationError("node", f"POST /api/v2/nodes/{node}/faults {body}: {r.status_code} {r.text[:300]}")
     return dict(r.json())
