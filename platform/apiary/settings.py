@@ -147,7 +147,7 @@ class Settings(BaseSettings):
     )
     replica_id: str | None = Field(
         default=None, description="This control-plane replica's identity in the leader lease; default "
-                                  "<hostname>-<pid>.")
+                                  "<hostname>:<home>, so a restarted replica takes its own lease back at once.")
     leader_elect: bool | None = Field(
         default=None,
         description="Elect one leader among control-plane replicas with a lease in the store; default: on with "

@@ -619,6 +619,13 @@ class Health(BaseModel):
         None, description="The platform's identity (home/cluster-id, written by the first apiary up); the CLI "
         "refuses a platform whose id is not the one recorded in its APIARY_HOME.",
     )
+    role: Literal["leader", "follower"] | None = Field(
+        None, description="With leader election (replicas on PostgreSQL): this replica's role.")
+    leader: str | None = Field(None, description="The leading replica's advertised URL (the lease's holder).")
+    epoch: int | None = Field(None, description="The lease's fencing epoch this replica knows.")
+    replica: str | None = Field(None, description="This replica's identity in the lease.")
+    fencedWrites: int | None = Field(
+        None, description="Commits of this replica refused because its lease epoch was no longer current.")
 
 
 # ============================================================================ the job protocol
