@@ -205,6 +205,10 @@ def agent(
     ),
     registry: str | None = typer.Option(None, help="The platform registry's host:port ({registry} in the map)."),
     metrics_host: str = typer.Option("127.0.0.1", help="Address /metrics binds to (0.0.0.0 in a pod)."),
+    self_fence: bool | None = typer.Option(
+        None, "--self-fence/--no-self-fence",
+        help="Stop this node's tasks when no control plane answered for most of the node-lost grace "
+             "(default: on unless every --api URL is loopback)."),
 ) -> None:
     """Run node agents (apiary up starts them; on other hosts, after apiary agent join).
     SIGTERM stops them and their tasks."""
@@ -265,7 +269,8 @@ def agent(
             run_agents(
                 api, group, state_dir.expanduser(), simulated_gpus=simulated, workdir=workdir, stop=stop,
                 kill_tasks_on_exit=True, metrics_ports=ports, tokens=tokens, runtime=runtime, image_map=images,
-                metrics_host=metrics_host, verify=http_verify(ca),
+                metrics_host=metrics_host, verify=http_verify(ca), self_fence=self_fence,
+                node_lost_after_s=_settings().node_lost_after_s,
             )
             for group, simulated in groups if group
         ))
