@@ -326,6 +326,61 @@ def test_a_refused_hit_does_not_count(client: TestClient) -> None:
     assert client.get("/calls/carol").status_code == 429
 
 
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_window_moves_and_retry_after_is_when_the_oldest_hit_ages_out() -> None:
+    clock = FakeClock()
+    limiter = RateLimiter(call_limit="3/minute", submit_limit="2/minute", clock=clock)
+    for dt in (0.0, 10.0, 20.0):  # hits at 1000, 1010, 1020
+        clock.now += dt
+        limiter.hit_call("alice")
+    clock.now = 1030.0
+    with pytest.raises(TooManyRequestsError) as caught:
+        limiter.hit_call("alice")
+    assert caught.value.retry_after == 30  # the hit of 1000 leaves the window at 1060
+    clock.now = 1060.5  # 1000 is out; 1010 and 1020 are in: one more fits, then none
+    limiter.hit_call("alice")
+    with pytest.raises(TooManyRequestsError) as caught:
+        limiter.hit_call("alice")
+    assert caught.value.retry_after == 10  # 1010 leaves at 1070
+    clock.now = 1200.0  # every hit aged out: the whole budget again
+    for _ in range(3):
+        limiter.hit_call("alice")
+
+
+def test_check_submit_counts_nothing_and_count_submit_always_counts() -> None:
+    clock = FakeClock()
+    limiter = RateLimiter(call_limit="5/minute", submit_limit="2/minute", clock=clock)
+    for _ in range(5):
+        limiter.check_submit("alice")  # a check is free
+    limiter.count_submit("alice")
+    limiter.count_submit("alice")
+    with pytest.raises(TooManyRequestsError) as caught:
+        limiter.check_submit("alice")
+    assert caught.value.retry_after == 60
+    limiter.count_submit("alice")  # accepted already: counted even over the limit, never raises
+    clock.now += 61
+    limiter.check_submit("alice")
+
+
+def test_a_window_that_emptied_is_forgotten() -> None:
+    clock = FakeClock()
+    limiter = RateLimiter(call_limit="5/second", submit_limit="2/minute", clock=clock)
+    for user in ("alice", "bob"):
+        limiter.hit_call(user)
+    windows = limiter._windows
+    assert set(windows._hits) == {("call", "alice"), ("call", "bob")}
+    clock.now += 2
+    assert windows.test(limiter.call_limit, "call", "alice") is None  # its only hit aged out
+    assert set(windows._hits) == {("call", "bob")}
+
+
 @pytest.mark.parametrize("text", ["", "abc", "5/fortnight", "per minute"])
 def test_a_limit_that_does_not_parse_is_refused_by_name(text: str) -> None:
     with pytest.raises(ValueError, match="submit_limit"):

@@ -9,8 +9,9 @@ everyone else's expense.
 * :func:`plain_text` (a dependency of every router) answers 400 to a NUL character in a path or
   query parameter or a header, naming it: PostgreSQL text cannot hold one (the request body's
   strings are checked by :class:`apiary.api.schemas.RequestBody`);
-* :class:`RateLimiter` counts API calls and job submissions per principal (``limits``, moving
-  window, in memory) and raises :class:`~apiary.errors.TooManyRequestsError` with ``retry_after``;
+* :class:`RateLimiter` counts API calls and job submissions per principal (moving window, in
+  memory; limits in ``limits``' notation) and raises :class:`~apiary.errors.TooManyRequestsError`
+  with ``retry_after``;
   :func:`error_headers` turns that into the ``Retry-After`` header of the app's error answer. A
   call counts when it is made; a submission only once it is accepted
   (:meth:`RateLimiter.check_submit`, then :meth:`RateLimiter.count_submit`), so refused ones
@@ -24,13 +25,14 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from typing import NoReturn
 
 from fastapi import Request
 from limits import RateLimitItem, parse
-from limits.storage import MemoryStorage
-from limits.strategies import MovingWindowRateLimiter
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -176,22 +178,26 @@ class RateLimiter:
     ``call_limit`` and ``submit_limit`` are strings in the ``limits`` notation (``"600/minute"``,
     ``"5 per second"``, ``"3600/hour"``); ValueError (naming the limit) for one that does not parse.
 
-    Strategy: moving window (``limits``' MovingWindowRateLimiter). A fixed window lets a caller
-    send twice the limit within a second across a window boundary; the moving window never admits
-    more than the limit in any window-long span, and its reset time (when the oldest hit in the
-    window ages out) gives an exact ``Retry-After``. Its cost is one timestamp per hit in the
-    window per key (at the defaults, at most 600 + 3600 per active principal), which memory
-    storage holds easily. (Fixed-window-elastic, which pushes the window on with every hit, is
-    deprecated in ``limits`` 4.1 and gone in 5.)
+    Strategy: moving window, as ``limits``' MovingWindowRateLimiter counts it: a hit is admitted
+    when fewer than the limit's amount of hits of its key fall in the window-long span ending now.
+    A fixed window lets a caller send twice the limit within a second across a window boundary;
+    the moving window never admits more than the limit in any window-long span, and its reset time
+    (when the oldest hit in the window ages out) gives an exact ``Retry-After``. Its cost is one
+    timestamp per hit in the window per key (at the defaults, at most 600 + 3600 per active
+    principal). The windows are kept here (:class:`MovingWindows`) rather than in ``limits``'
+    MemoryStorage, whose expiry starts a new timer thread 10 ms after the previous one ended, so
+    under a stream of requests it starts up to a hundred threads a second. (Fixed-window-elastic,
+    which pushes the window on with every hit, is deprecated in ``limits`` 4.1 and gone in 5.)
 
     Counts live in memory: they start at zero when the process starts and are not shared between
-    API processes (one control plane serves the API). Thread-safe: MemoryStorage locks per key.
+    API processes (one control plane serves the API). Thread-safe.
     """
 
-    def __init__(self, call_limit: str = DEFAULT_CALL_LIMIT, submit_limit: str = DEFAULT_SUBMIT_LIMIT) -> None:
+    def __init__(self, call_limit: str = DEFAULT_CALL_LIMIT, submit_limit: str = DEFAULT_SUBMIT_LIMIT,
+                 *, clock: Callable[[], float] = time.monotonic) -> None:
         self.call_limit = _parse_limit("call_limit", call_limit)
         self.submit_limit = _parse_limit("submit_limit", submit_limit)
-        self._limiter = MovingWindowRateLimiter(MemoryStorage())
+        self._windows = MovingWindows(clock)
 
     def hit_call(self, key: str) -> None:
         """Count one API call by principal ``key`` (a user name: it is logged, so never a secret).
@@ -219,28 +225,74 @@ class RateLimiter:
         Concurrent submissions of one key that all pass the check may each be accepted: the
         budget can be overrun by at most the number of that key's submissions in flight at once
         (one per API worker thread), never more."""
-        if not self._limiter.test(self.submit_limit, "submit", key):
-            self._refuse(self.submit_limit, "submit", "job submissions", key)
+        wait = self._windows.test(self.submit_limit, "submit", key)
+        if wait is not None:
+            self._refuse(self.submit_limit, "submit", "job submissions", key, wait)
 
     def count_submit(self, key: str) -> None:
         """Count one accepted job submission of ``key``. Never raises: the job was accepted
         already (a full window just stays full)."""
-        self._limiter.hit(self.submit_limit, "submit", key)
+        self._windows.hit(self.submit_limit, "submit", key, force=True)
 
     def _hit(self, item: RateLimitItem, namespace: str, what: str, key: str) -> None:
-        # The namespace keeps the two budgets apart even when both limits are the same string
-        # (limits' storage key is the limit plus the identifiers).
-        if self._limiter.hit(item, namespace, key):
-            return
-        self._refuse(item, namespace, what, key)
+        # The namespace keeps the two budgets apart even when both limits are the same string.
+        wait = self._windows.hit(item, namespace, key)
+        if wait is not None:
+            self._refuse(item, namespace, what, key, wait)
 
-    def _refuse(self, item: RateLimitItem, namespace: str, what: str, key: str) -> NoReturn:
-        reset_time = self._limiter.get_window_stats(item, namespace, key).reset_time
-        # limits stamps hits with time.time(), so the wait is measured against the same clock.
-        retry_after = max(1, math.ceil(reset_time - time.time()))
+    def _refuse(self, item: RateLimitItem, namespace: str, what: str, key: str, wait_s: float) -> NoReturn:
+        retry_after = max(1, math.ceil(wait_s))
         logger.info("rate limited: key=%s limit=%s kind=%s retry_after_s=%d", key, item, namespace, retry_after)
         raise TooManyRequestsError(f"too many {what}: the limit is {item}; retry in {retry_after} s",
                                    retry_after=retry_after)
+
+
+class MovingWindows:
+    """Moving-window hit counts per ``(namespace, key)``: the times of the hits still in their
+    window, oldest first, on ``clock`` (seconds; monotonic by default, so a stepped wall clock
+    neither frees nor blocks a budget). Expired hits are dropped when their key is next counted
+    or tested, and a key whose window is empty is forgotten then. Thread-safe (one lock)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._hits: dict[tuple[str, str], deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def _window(self, item: RateLimitItem, slot: tuple[str, str], now: float) -> deque[float] | None:
+        """``slot``'s hits inside the window ending at ``now`` (lock held); None when there are none."""
+        hits = self._hits.get(slot)
+        if hits is None:
+            return None
+        start = now - item.get_expiry()
+        while hits and hits[0] <= start:
+            hits.popleft()
+        if not hits:
+            del self._hits[slot]
+            return None
+        return hits
+
+    def test(self, item: RateLimitItem, namespace: str, key: str) -> float | None:
+        """None when one more hit of ``key`` fits ``item``; else the seconds until one does."""
+        with self._lock:
+            now = self._clock()
+            hits = self._window(item, (namespace, key), now)
+            if hits is None or len(hits) < item.amount:
+                return None
+            return hits[-item.amount] + item.get_expiry() - now
+
+    def hit(self, item: RateLimitItem, namespace: str, key: str, *, force: bool = False) -> float | None:
+        """Count one hit of ``key`` and return None when it fits ``item`` (or ``force``: counted
+        anyway); else count nothing and return the seconds until one fits."""
+        with self._lock:
+            now = self._clock()
+            slot = (namespace, key)
+            hits = self._window(item, slot, now)
+            if hits is None:
+                hits = self._hits[slot] = deque()
+            elif len(hits) >= item.amount and not force:
+                return hits[-item.amount] + item.get_expiry() - now
+            hits.append(now)
+            return None
 
 
 def _parse_limit(name: str, text: str) -> RateLimitItem:
