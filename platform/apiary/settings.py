@@ -130,6 +130,12 @@ class Settings(BaseSettings):
         description="The platform CA's certificate (PEM). Clients (the CLI, agents, the bridge, the flows, other "
                     "replicas) verify the control plane's HTTPS certificate against it; unset: the system's CAs.",
     )
+    ca_key: Path | None = Field(
+        default=None,
+        description="The platform CA's private key (PEM, 0600) on control-plane hosts, as kubeadm keeps ca.key on "
+                    "control-plane nodes: with it a node's join also signs the node's serving certificate (its "
+                    "/metrics over HTTPS); unset: joins issue no certificate.",
+    )
     tls_cert: Path | None = Field(
         default=None, description="This component's server certificate (PEM, signed by the platform CA); with "
                                   "tls_key the control plane serves HTTPS instead of HTTP.")
