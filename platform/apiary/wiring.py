@@ -214,7 +214,7 @@ def wire(settings: Settings, *, public_url: str, plane: ControlPlane | None = No
     # waits a killed control plane left behind.
     incidents, escalator = response.build(plane, home, config_path=settings.oncall,
                                           public_url=settings.public_url or public_url,
-                                          prometheus_url=settings.prometheus_url)
+                                          prometheus_url=settings.prometheus_url, ca_cert=settings.ca_cert)
     loop = SchedulingLoop(plane, tick_s=settings.tick_s, min_interval_s=settings.cycle_min_interval_s)
     w = Wiring(settings, plane, cluster_id, directory, alert_log, receiver, ci,
                DrillBoard(home / "drills.json"), incidents, escalator, loop,

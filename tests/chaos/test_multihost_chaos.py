@@ -305,19 +305,14 @@ def _stream_ok(out: dict) -> None:
 @pytest.mark.postgres
 @pytest.mark.timeout(1200)
 def test_multihost_experiments(deployment: Path, journals: Path) -> None:
-    """The five experiments in order on one deployment; each leaves it in its steady state."""
+    """Three of the five experiments in order on one deployment; each leaves it in its steady state.
+    leader-freeze and agent-partition run against the full deployment of
+    tests/e2e/test_multihost.py (with Prefect and monitoring), not twice."""
     out = outputs(run_cli(deployment, "leader-kill", journals))
     killed, elected = out["kill-9-the-leader"], out["new-leader-elected"]
     assert elected["leader"] != killed["host"] and elected["epoch"] > killed["epoch"]
     assert killed["host"] in out["restart-replicas"]["restarted"]
     print(f"failover after kill -9: {elected['failover_s']} s")
-    _stream_ok(out)
-
-    out = outputs(run_cli(deployment, "leader-freeze", journals))
-    frozen, elected = out["sigstop-the-leader"], out["new-leader-elected"]
-    assert elected["leader"] != frozen["host"] and out["sigcont-the-old-leader"]["frozen_s"] >= 12
-    assert out["old-leader-stepped-down"]["pid"] == frozen["pid"]
-    assert frozen["host"] in out["restart-replicas"]["restarted"]
     _stream_ok(out)
 
     out = outputs(run_cli(deployment, "leader-cut-from-store", journals))
@@ -329,7 +324,3 @@ def test_multihost_experiments(deployment: Path, journals: Path) -> None:
     assert out["restart-postgres"]["host"] == "db"
     _stream_ok(out)
 
-    out = outputs(run_cli(deployment, "agent-partition", journals))
-    replaced, lost = out["job-re-placed-and-succeeds"], out["node-declared-lost"]
-    assert replaced["node"] != replaced["lost_node"] == lost["node"] and replaced["attempt"] >= 1
-    assert out["heal-the-partition"]["healed"] == [out["partition-the-job-s-node"]["host"]]

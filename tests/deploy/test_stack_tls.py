@@ -59,3 +59,19 @@ def test_listen_address_is_the_host_given() -> None:
                                                                           host="198.18.0.5")
     assert "--web.listen-address=198.18.0.5:9093" in stack.alertmanager_argv("a", Path("c"), Path("d"), 9093,
                                                                             host="198.18.0.5")
+
+
+def test_prometheus_and_alertmanager_serve_https_and_talk_over_it(tmp_path: Path, promtool: str) -> None:
+    ca = _ca(tmp_path)
+    cert, key = tmp_path / "mon.crt", tmp_path / "mon.key"
+    web = stack.render_web_config(tmp_path / "web", cert, key)
+    assert yaml.safe_load(web.read_text()) == {"tls_server_config": {"cert_file": str(cert), "key_file": str(key)}}
+    assert f"--web.config.file={web}" in stack.prometheus_argv("p", Path("c"), Path("d"), 9090, web_config=web)
+    assert f"--web.config.file={web}" in stack.alertmanager_argv("a", Path("c"), Path("d"), 9093, web_config=web)
+    out = stack.render_prometheus(tmp_path / "prom", control_plane="cp1:8470", alertmanager="mon:9093",
+                                  interval_s=1, ca_file=ca, alertmanager_https=True)
+    (am,) = yaml.safe_load(out.read_text())["alerting"]["alertmanagers"]
+    assert am["scheme"] == "https" and am["tls_config"] == {"ca_file": str(ca)}
+    r = subprocess.run([promtool, "check", "config", "--syntax-only", str(out)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -50,16 +50,18 @@ def write_targets(path: Path, metrics_urls: dict[str, str]) -> None:
 
 def render_prometheus(out_dir: Path, *, control_plane: str | list[str], alertmanager: str, interval_s: float,
                       src: Path = DEPLOY / "prometheus", ca_file: Path | None = None,
-                      nodes_https: bool = False) -> Path:
+                      nodes_https: bool = False, alertmanager_https: bool = False) -> Path:
     """Write ``out_dir/prometheus.yml`` (rules referenced in ``src``) and an empty targets file.
     ``control_plane`` (one or several replicas) and ``alertmanager`` are ``host:port``. With
     ``ca_file`` (the platform CA, PEM) the control plane is scraped over HTTPS and its certificate
     verified against the CA (Prometheus' ``scheme: https`` + ``tls_config.ca_file``); the node
-    agents too when ``nodes_https``."""
+    agents too when ``nodes_https``, and Alertmanager when ``alertmanager_https``."""
     cfg = yaml.safe_load((src / "prometheus.yml").read_text())
     cfg["global"]["scrape_interval"] = cfg["global"]["evaluation_interval"] = f"{interval_s:g}s"
     cfg["rule_files"] = [str((src / f).resolve()) for f in cfg["rule_files"]]
     cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [alertmanager]
+    if ca_file is not None and alertmanager_https:
+        cfg["alerting"]["alertmanagers"][0].update({"scheme": "https", "tls_config": {"ca_file": str(ca_file)}})
     targets = out_dir / "targets" / "nodes.json"
     private_dir(targets.parent)
     if not targets.exists():
@@ -100,13 +102,26 @@ def render_alertmanager(out_dir: Path, *, webhook_url: str, smtp_smarthost: str,
     return out
 
 
-def prometheus_argv(binary: str, config: Path, data: Path, port: int, host: str = "127.0.0.1") -> list[str]:
+def render_web_config(out_dir: Path, cert: Path, key: Path) -> Path:
+    """Write ``out_dir/web-config.yml``: Prometheus' and Alertmanager's HTTPS listener
+    (``--web.config.file``, exporter-toolkit's ``tls_server_config``: ``cert_file``, ``key_file``)."""
+    private_dir(out_dir)
+    out = out_dir / "web-config.yml"
+    write_private(out, yaml.safe_dump({"tls_server_config": {"cert_file": str(cert), "key_file": str(key)}}))
+    return out
+
+
+def prometheus_argv(binary: str, config: Path, data: Path, port: int, host: str = "127.0.0.1",
+                    web_config: Path | None = None) -> list[str]:
     # resend-delay 1s: Alertmanager hears a firing alert within a second of each evaluation.
-    return [binary, f"--config.file={config}", f"--storage.tsdb.path={data}",
+    argv = [binary, f"--config.file={config}", f"--storage.tsdb.path={data}",
             f"--web.listen-address={host}:{port}", "--rules.alert.resend-delay=1s", "--log.level=warn"]
+    return argv + ([f"--web.config.file={web_config}"] if web_config else [])
 
 
-def alertmanager_argv(binary: str, config: Path, data: Path, port: int, host: str = "127.0.0.1") -> list[str]:
+def alertmanager_argv(binary: str, config: Path, data: Path, port: int, host: str = "127.0.0.1",
+                      web_config: Path | None = None) -> list[str]:
     # No clustering (--cluster.listen-address=): one Alertmanager.
-    return [binary, f"--config.file={config}", f"--storage.path={data}",
+    argv = [binary, f"--config.file={config}", f"--storage.path={data}",
             f"--web.listen-address={host}:{port}", "--cluster.listen-address=", "--log.level=warn"]
+    return argv + ([f"--web.config.file={web_config}"] if web_config else [])

@@ -9,7 +9,8 @@ Hosts (``apiary.hosts.netns``: network namespaces on one bridge here, machines e
 ``prefect`` the Prefect server on its loopback behind nginx terminating TLS on
            :data:`PREFECT_TLS_PORT`, the Prefect bridge and the flow server (both talk to the
            Prefect server over that host's loopback and to the control plane over HTTPS)
-``mon``    Prometheus and Alertmanager (the control plane scraped over HTTPS, the webhook's
+``mon``    Prometheus and Alertmanager, both serving HTTPS with mon's certificate (the control
+           plane scraped over HTTPS, alerts sent to Alertmanager over HTTPS, the webhook's
            certificate verified against the platform CA)
 ``nN``     one node agent each, joined with a bootstrap token (``apiary agent join``)
 =========  ==============================================================================
@@ -292,7 +293,7 @@ class Deployment:
             env.update(prefect_env(home / "prefect", f"https://prefect:{PREFECT_TLS_PORT}/api", self.prefect_auth))
             env["PREFECT_API_SSL_CERT_FILE"] = str(self.dir(host) / "ca.crt")
         if self.monitoring:
-            env["APIARY_PROMETHEUS_URL"] = f"http://mon:{PROMETHEUS_PORT}"
+            env["APIARY_PROMETHEUS_URL"] = f"https://mon:{PROMETHEUS_PORT}"
         return env
 
     #: What every replica's home holds alike, copied by the operator from the first replica's (as
@@ -448,11 +449,12 @@ class Deployment:
     # ------------------------------------------------------------------ monitoring
     @property
     def prometheus_url(self) -> str:
-        return f"http://{self.address('mon')}:{PROMETHEUS_PORT}"
+        """Prometheus as this process reaches it: HTTPS, verified against :attr:`ca_cert`."""
+        return f"https://{self.address('mon')}:{PROMETHEUS_PORT}"
 
     @property
     def alertmanager_url(self) -> str:
-        return f"http://{self.address('mon')}:{ALERTMANAGER_PORT}"
+        return f"https://{self.address('mon')}:{ALERTMANAGER_PORT}"
 
     def _start_monitoring(self, interval_s: float = 1.0, smtp_smarthost: str = "127.0.0.1:25") -> None:
         binaries = stack.find_binaries()
@@ -465,19 +467,22 @@ class Deployment:
         token_file = d / "alertmanager.token"
         self._service_token("alertmanager", token_file)
         prom_cfg = stack.render_prometheus(out, control_plane=[f"{h}:{API_PORT}" for h in self.replica_hosts],
-                                           alertmanager=f"mon:{ALERTMANAGER_PORT}", interval_s=interval_s, ca_file=ca)
+                                           alertmanager=f"mon:{ALERTMANAGER_PORT}", interval_s=interval_s, ca_file=ca,
+                                           alertmanager_https=True)
         stack.write_targets(out / "targets" / "nodes.json",
                             {n: f"http://{h}:{METRICS_PORT}/metrics" for n, h in self.node_hosts.items()})
         am_cfg = stack.render_alertmanager(out, webhook_url=f"https://{self.replica_hosts[0]}:{API_PORT}/api/v2/alerts/webhook",
                                            smtp_smarthost=smtp_smarthost, token_file=token_file, ca_file=ca)
         addr = self.address("mon")
         env = self._base_env("mon")
+        cert, key = self._issue("mon")
+        web = stack.render_web_config(out, cert, key)  # both serve HTTPS with mon's certificate
         self._run(Component("alertmanager", "mon", stack.alertmanager_argv(
-            binaries.alertmanager, am_cfg, out / "alertmanager-data", ALERTMANAGER_PORT, host=addr), env,
-            d / "alertmanager.log"))
+            binaries.alertmanager, am_cfg, out / "alertmanager-data", ALERTMANAGER_PORT, host=addr,
+            web_config=web), env, d / "alertmanager.log"))
         self._run(Component("prometheus", "mon", stack.prometheus_argv(
-            binaries.prometheus, prom_cfg, out / "prometheus-data", PROMETHEUS_PORT, host=addr), env,
-            d / "prometheus.log"))
+            binaries.prometheus, prom_cfg, out / "prometheus-data", PROMETHEUS_PORT, host=addr,
+            web_config=web), env, d / "prometheus.log"))
 
 
 def tail(path: Path, n: int = 2000) -> str:

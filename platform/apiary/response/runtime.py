@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from apiary.client import http_verify
 from apiary.response.actions import ActionPipeline, Outbox, contact_lookup, user_email
 from apiary.response.channels import Dispatcher, build_channels
 from apiary.response.config import ResponseConfig
@@ -21,9 +22,10 @@ logger = logging.getLogger(__name__)
 
 
 def build(plane: Any, home: Path, *, config_path: Path | None, public_url: str, prometheus_url: str | None,
-          poll_s: float = 0.5) -> tuple[IncidentService, EscalationWorker]:
+          poll_s: float = 0.5, ca_cert: Path | None = None) -> tuple[IncidentService, EscalationWorker]:
     """The service and its (not yet started) worker over ``plane``'s store. ``config_path``: the
-    on-call file (None: ``home/oncall.yaml`` when present). Raises ValidationError for a bad file."""
+    on-call file (None: ``home/oncall.yaml`` when present); ``ca_cert``: the platform CA a
+    Prometheus served over HTTPS is verified against. Raises ValidationError for a bad file."""
     path = config_path or (home / "oncall.yaml")
     config = ResponseConfig.load(path if path.exists() else None)
     store = IncidentStore(plane.sessions)
@@ -33,6 +35,7 @@ def build(plane: Any, home: Path, *, config_path: Path | None, public_url: str, 
     # actions-config SMTP must not open the circuit that on-call pages go through.
     pipeline = ActionPipeline(plane, Outbox(Dispatcher(dispatcher.channels, attempts=1), lookup))
     service = IncidentService(store, config, plane=plane, prometheus_url=prometheus_url, pipeline=pipeline)
+    service.prometheus_verify = http_verify(ca_cert)
     signer = LinkSigner(load_secret(home / "credentials" / "incident-links.key"),
                         config.incidents.public_url or public_url, config.incidents.link_ttl_s)
     service.signer = signer

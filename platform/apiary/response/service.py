@@ -20,6 +20,7 @@ Every change is committed to the store first (:class:`IncidentStore`); nothing i
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -75,6 +76,9 @@ class IncidentService:
                  pipeline: ActionPipeline | None = None) -> None:
         self.store, self.config, self.plane = store, config, plane
         self.prometheus_url = prometheus_url
+        #: What a Prometheus served over HTTPS is verified against (the platform CA's context, or True:
+        #: the system's CAs); set by whoever builds the service.
+        self.prometheus_verify: ssl.SSLContext | bool = True
         self.clock = clock
         if pipeline is None:
             outbox = Outbox(Dispatcher(build_channels(config.channels)),
@@ -349,7 +353,8 @@ class IncidentService:
         if not self.prometheus_url:
             return None
         try:
-            r = httpx.get(f"{self.prometheus_url}/api/v1/query", params={"query": promql}, timeout=2.0)
+            r = httpx.get(f"{self.prometheus_url}/api/v1/query", params={"query": promql}, timeout=2.0,
+                          verify=self.prometheus_verify)
             r.raise_for_status()
             return [{"labels": s["metric"], "value": float(s["value"][1])} for s in r.json()["data"]["result"]][:20]
         except (httpx.HTTPError, KeyError, ValueError) as e:
