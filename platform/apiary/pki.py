@@ -17,6 +17,7 @@ import datetime as dt
 import hashlib
 import ipaddress
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from cryptography import x509
@@ -229,3 +230,163 @@ def server_ssl_kwargs(cert: Path, key: Path) -> dict[str, str]:
         if not path.is_file():
             raise ValidationError(field, f"{path} does not exist (APIARY_{field.upper()})")
     return {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+
+
+# --------------------------------------------------------------------------- nodes' serving certificates
+
+#: The most SubjectAlternativeName entries a node's CSR may carry (a node has a few addresses).
+MAX_CSR_SANS = 64
+#: The most bytes of a CSR (PEM) a join may carry.
+MAX_CSR_BYTES = 16 * 1024
+
+
+def make_node_csr(node: str, hosts: list[str]) -> tuple[bytes, bytes]:
+    """A new key and a certificate signing request for node ``node``'s serving certificate:
+    returns ``(key PEM PKCS#8, CSR PEM)``. The key is ECDSA P-256 and made here, on the node: only
+    the CSR leaves it (the kubelet's serving certificate request, Kubernetes'
+    ``kubernetes.io/kubelet-serving`` signer). The subject's CN is ``node``; the SANs are ``node``
+    and each entry of ``hosts`` (IP address when it parses as one, else DNS name), without
+    duplicates. Write the key with mode 0600 (:func:`write_private`). Raises
+    :class:`~apiary.errors.ValidationError` (field ``node``) for an empty name."""
+    if not node.strip():
+        raise ValidationError("node", "a node's certificate needs its name")
+    key = ec.generate_private_key(ec.SECP256R1())
+    names: list[str] = []
+    for h in [node, *hosts]:
+        h = h.strip()
+        if h and h not in names:
+            names.append(h)
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node)]))
+        .add_extension(x509.SubjectAlternativeName([_san(h) for h in names]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return _key_pem(key), csr.public_bytes(serialization.Encoding.PEM)
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` (a private key) to ``path``, created with mode 0600 and replaced whole."""
+    _write_private(path, data)
+
+
+def write_public(path: Path, data: bytes) -> None:
+    """Write ``data`` (a certificate) to ``path``, mode 0644, replaced whole."""
+    _write_public(path, data)
+
+
+def _csr_key_ok(key: object) -> bool:
+    """EC keys on P-256 or P-384, RSA keys of 2048 bits or more (what TLS clients accept)."""
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    if isinstance(key, ec.EllipticCurvePublicKey):
+        return isinstance(key.curve, ec.SECP256R1 | ec.SECP384R1)
+    return isinstance(key, rsa.RSAPublicKey) and key.key_size >= 2048
+
+
+def csr_names(csr_pem: bytes) -> list[str]:
+    """The DNS names and IP addresses (as text) in a CSR's SubjectAlternativeName, in order;
+    other kinds of names (e-mail, URI) are left out. Raises ValidationError (field ``csr``) when
+    ``csr_pem`` is not a PEM CSR or its signature does not verify."""
+    return [name for name, _ in _csr_sans(_load_csr(csr_pem))]
+
+
+def _load_csr(csr_pem: bytes) -> x509.CertificateSigningRequest:
+    if len(csr_pem) > MAX_CSR_BYTES:
+        raise ValidationError("csr", f"the certificate signing request is over {MAX_CSR_BYTES} bytes")
+    try:
+        csr = x509.load_pem_x509_csr(csr_pem)
+    except ValueError as e:
+        raise ValidationError("csr", "not a PEM certificate signing request (-----BEGIN CERTIFICATE REQUEST-----)") \
+            from e
+    if not csr.is_signature_valid:
+        raise ValidationError("csr", "the certificate signing request's signature does not verify")
+    return csr
+
+
+def _csr_sans(csr: x509.CertificateSigningRequest) -> list[tuple[str, x509.GeneralName]]:
+    try:
+        ext = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    out: list[tuple[str, x509.GeneralName]] = []
+    for general in ext:
+        if isinstance(general, x509.DNSName):
+            out.append((general.value, general))
+        elif isinstance(general, x509.IPAddress) and isinstance(
+                general.value, ipaddress.IPv4Address | ipaddress.IPv6Address):  # not a network
+            out.append((str(general.value), general))
+    return out
+
+
+def sign_csr(
+    ca_cert: Path, ca_key: Path, csr_pem: bytes, *, node: str,
+    allowed: Callable[[str], bool] | None = None, days: int = 365,
+) -> bytes:
+    """Sign node ``node``'s serving certificate from its CSR with the CA (``ca_cert``, ``ca_key``
+    PEM files); returns the certificate (PEM).
+
+    As Kubernetes signs a kubelet's serving certificate (``kubernetes.io/kubelet-serving``: server
+    auth only, the node's names and addresses): the subject is CN=``node`` whatever the CSR asked;
+    the SANs are the CSR's DNS names and IP addresses (other kinds are dropped), each of which
+    ``allowed`` (name or address text -> bool; None: all) must accept; the extended key usage is
+    TLS server authentication alone; valid from 5 minutes ago (clock skew) for ``days`` days. The
+    key stays the CSR's: no private key is made or seen here.
+
+    Raises :class:`~apiary.errors.ValidationError` naming the field: ``csr`` (not a PEM CSR, a bad
+    signature, a key other than EC P-256/P-384 or RSA >= 2048 bits, no DNS name or IP address, more
+    than :data:`MAX_CSR_SANS`, a wildcard, a name ``allowed`` refuses), ``days`` < 1, ``ca_key``
+    (unreadable, not an EC key, or not the key of ``ca_cert``).
+    """
+    if days < 1:
+        raise ValidationError("days", f"{days} must be >= 1")
+    csr = _load_csr(csr_pem)
+    public = csr.public_key()
+    if not _csr_key_ok(public):
+        raise ValidationError("csr", "the CSR's key must be EC P-256/P-384 or RSA of 2048 bits or more")
+    sans = _csr_sans(csr)
+    if not sans:
+        raise ValidationError("csr", "the CSR names no DNS name or IP address (SubjectAlternativeName)")
+    if len(sans) > MAX_CSR_SANS:
+        raise ValidationError("csr", f"the CSR names {len(sans)} hosts; at most {MAX_CSR_SANS}")
+    for name, _ in sans:
+        if "*" in name:
+            raise ValidationError("csr", f"the CSR names {name!r}: a node's certificate holds no wildcard")
+        if allowed is not None and not allowed(name):
+            raise ValidationError("csr", f"the CSR names {name!r}, which node {node} may not have in its certificate")
+    try:
+        authority = x509.load_pem_x509_certificate(ca_cert.read_bytes())
+        signer = serialization.load_pem_private_key(ca_key.read_bytes(), password=None)
+    except (OSError, ValueError) as e:
+        raise ValidationError("ca_key", f"cannot load the CA ({ca_cert}, {ca_key}): {e}") from e
+    if not isinstance(signer, ec.EllipticCurvePrivateKey):
+        raise ValidationError("ca_key", f"{ca_key} is not an EC private key")
+    if signer.public_key() != authority.public_key():
+        raise ValidationError("ca_key", f"{ca_key} is not the key of the CA certificate {ca_cert}")
+    now = dt.datetime.now(dt.UTC)
+    unique: list[x509.GeneralName] = []
+    for _, general in sans:
+        if general not in unique:
+            unique.append(general)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node)]))
+        .issuer_name(authority.subject)
+        .public_key(public)  # type: ignore[arg-type]  # checked by _csr_key_ok
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(digital_signature=True, key_cert_sign=False, crl_sign=False, content_commitment=False,
+                          key_encipherment=False, data_encipherment=False, key_agreement=False,
+                          encipher_only=False, decipher_only=False),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)  # type: ignore[arg-type]
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(signer.public_key()), critical=False)
+        .add_extension(x509.SubjectAlternativeName(unique), critical=False)
+        .sign(signer, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.PEM)

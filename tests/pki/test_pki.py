@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from apiary import pki
@@ -107,3 +108,42 @@ def test_load_ca_pem_and_server_ssl_kwargs_name_the_setting(tmp_path: Path) -> N
     with pytest.raises(ValidationError) as err:
         pki.server_ssl_kwargs(crt, tmp_path / "nope.key")
     assert err.value.field == "tls_key"
+
+
+# --------------------------------------------------------------------------- nodes' serving certificates
+
+
+def test_sign_csr_keeps_the_node_sans_names_it_and_is_server_auth_only(tmp_path: Path) -> None:
+    ca = pki.init_ca(tmp_path / "ca")
+    key_pem, csr_pem = pki.make_node_csr("node-a", ["198.18.0.11", "node-a.rack3", "198.18.0.11"])
+    cert = x509.load_pem_x509_certificate(pki.sign_csr(ca, tmp_path / "ca" / "ca.key", csr_pem, node="node-a"))
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["node-a", "node-a.rack3"]
+    assert sans.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("198.18.0.11")]
+    assert cert.subject.rfc4514_string() == "CN=node-a"
+    assert list(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [
+        ExtendedKeyUsageOID.SERVER_AUTH]
+    assert not cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert 364 <= (cert.not_valid_after_utc - cert.not_valid_before_utc).days <= 366
+    # The certificate holds the node's own key (made on the node), and the CA signed it.
+    node_key = serialization.load_pem_private_key(key_pem, password=None)
+    assert cert.public_key() == node_key.public_key()
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca.read_bytes()))
+
+
+def test_sign_csr_refuses_another_nodes_name_and_bad_requests_naming_the_field(tmp_path: Path) -> None:
+    ca = pki.init_ca(tmp_path / "ca")
+    ca_key = tmp_path / "ca" / "ca.key"
+    others = {"node-b"}
+    _, csr_pem = pki.make_node_csr("node-a", ["198.18.0.11", "node-b"])
+    with pytest.raises(ValidationError) as e:
+        pki.sign_csr(ca, ca_key, csr_pem, node="node-a", allowed=lambda n: n not in others)
+    assert e.value.field == "csr" and "'node-b'" in e.value.message
+    for bad in (b"not a csr", pki.make_node_csr("node-a", ["*.example"])[1]):
+        with pytest.raises(ValidationError) as e:
+            pki.sign_csr(ca, ca_key, bad, node="node-a")
+        assert e.value.field == "csr"
+    other_ca = pki.init_ca(tmp_path / "other")
+    with pytest.raises(ValidationError) as e:  # a key that is not the certificate's
+        pki.sign_csr(other_ca, ca_key, pki.make_node_csr("node-a", [])[1], node="node-a")
+    assert e.value.field == "ca_key"
