@@ -186,3 +186,54 @@ def test_the_unauthenticated_routes_are_rate_limited_per_client_address(tmp_path
                  for _ in range(4)]
         assert codes == [401, 401, 401, 429]  # a guesser gets few tries
     engine.dispose()
+
+
+def _with_ca_key(world: World, ca_dir: Path) -> None:
+    """This replica holds the CA key (APIARY_CA_KEY), as a control-plane host does."""
+    app = world.client.app
+    app.state.settings = Settings(ca_cert=ca_dir / "ca.crt", ca_key=ca_dir / "ca.key")  # type: ignore[attr-defined]
+
+
+def test_a_join_with_a_csr_answers_the_nodes_serving_certificate_signed_by_the_ca(world: World,
+                                                                               tmp_path: Path) -> None:
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    _with_ca_key(world, tmp_path / "ca")
+    key_pem, csr_pem = pki.make_node_csr(DAN, ["198.18.0.21"])
+    r = world.client.post(f"/api/v2/nodes/{DAN}/join", json={"csr": csr_pem.decode()},
+                          headers=bearer(new_token(world)["token"]))
+    assert r.status_code == 200, r.text
+    cert = x509.load_pem_x509_certificate(r.json()["certificate"].encode())
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(world.ca_pem.encode()))
+    assert cert.subject.rfc4514_string() == f"CN={DAN}"
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == [DAN]
+    assert [str(a) for a in sans.get_values_for_type(x509.IPAddress)] == ["198.18.0.21"]
+    assert list(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [
+        ExtendedKeyUsageOID.SERVER_AUTH]
+    assert key_pem.decode() not in r.text
+
+
+def test_a_csr_naming_another_node_is_a_400_and_leaves_the_token_unspent(world: World, tmp_path: Path) -> None:
+    _with_ca_key(world, tmp_path / "ca")
+    made = new_token(world)
+    _, csr_pem = pki.make_node_csr(DAN, [CAROL])
+    r = world.client.post(f"/api/v2/nodes/{DAN}/join", json={"csr": csr_pem.decode()}, headers=bearer(made["token"]))
+    assert r.status_code == 400 and r.json()["field"] == "csr" and CAROL in r.json()["message"]
+    r = world.client.post(f"/api/v2/nodes/{DAN}/join", json={"csr": "junk"}, headers=bearer(made["token"]))
+    assert r.status_code == 400 and r.json()["field"] == "csr"
+    # a caller without a good token learns nothing of the CSR's fate
+    r = world.client.post(f"/api/v2/nodes/{DAN}/join", json={"csr": csr_pem.decode()},
+                          headers=bearer("zzzzzz.0123456789abcdef"))
+    assert r.status_code == 401
+    status, body = join(world, DAN, made["token"])  # the refusals spent nothing
+    assert status == 200 and body["certificate"] is None
+
+
+def test_without_the_ca_key_a_join_with_a_csr_answers_no_certificate(world: World) -> None:
+    _, csr_pem = pki.make_node_csr(DAN, ["198.18.0.21"])
+    r = world.client.post(f"/api/v2/nodes/{DAN}/join", json={"csr": csr_pem.decode()},
+                          headers=bearer(new_token(world)["token"]))
+    assert r.status_code == 200, r.text
+    assert r.json()["certificate"] is None and r.json()["caCert"] == world.ca_pem

@@ -176,15 +176,18 @@ class BootstrapTokens:
         logger.info("bootstrap token revoked id=%s", token_id)
         return shown
 
-    def spend(self, token: str | None, node: str, known_nodes: Collection[str]) -> str:
+    def spend(self, token: str | None, node: str, known_nodes: Collection[str],
+              approve: Callable[[], None] | None = None) -> str:
         """Join ``node`` with bootstrap token ``token``: returns the node's new agent token.
 
         Checks, in order (module doc): the token is well formed (BootstrapTokenError), exists
         with that secret (one message for an unknown id and a wrong secret), is not revoked, not
         used (the message names the node that used it and when), not expired; ``node`` is in
         ``known_nodes`` (NoNodeError, 404); the token names no other node (BootstrapTokenError);
-        ``node`` has no live agent token (NodeJoinedError, 409). Only then, in the same commit,
-        the token is marked used by ``node`` and the agent token added. A refusal changes nothing.
+        ``node`` has no live agent token (NodeJoinedError, 409). Then ``approve()`` (if given) runs
+        and may refuse by raising (a join's certificate signing request naming another node: the
+        refusal leaves the token unspent). Only then, in the same commit, the token is marked used
+        by ``node`` and the agent token added. A refusal changes nothing.
         """
         if not token:
             raise BootstrapTokenError("Missing bootstrap token: send 'Authorization: Bearer <id>.<secret>'.")
@@ -208,6 +211,8 @@ class BootstrapTokens:
                     f"Node {node} has joined already: its agent credential {live[0]} is live. A node cannot join "
                     f"under a name in use; to join it again, an admin revokes that credential first "
                     f"(apiary token revoke {live[0]}).")
+            if approve is not None:
+                approve()
             claimed = s.execute(update(BootstrapToken)
                                 .where(BootstrapToken.id == token_id, BootstrapToken.used.is_(None),
                                        BootstrapToken.revoked.is_(None))

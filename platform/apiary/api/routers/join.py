@@ -8,6 +8,10 @@
   value it was given (``--ca-cert-hash``, :func:`apiary.pki.ca_cert_hash`).
 * ``POST /api/v2/nodes/{node}/join`` with ``Authorization: Bearer <bootstrap token>``: spends the
   token and answers the node's own agent credential (:class:`apiary.auth.bootstrap_tokens.BootstrapTokens`).
+  With a body ``{"csr": PEM}`` (the node's certificate signing request, its key made on the node)
+  and the CA key on this host (``APIARY_CA_KEY``), it also answers the node's serving certificate
+  for its ``/metrics``, signed as Kubernetes signs a kubelet's (:func:`apiary.pki.sign_csr`);
+  without the CA key the join answers no certificate.
   A bootstrap token is a credential of this route only; every refusal is a 401 naming why (404 for
   a node the cluster config lacks, 409 for a node that has joined already).
 
@@ -23,6 +27,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
+from apiary import pki
 from apiary.api.auth import Admin, bearer
 from apiary.api.deps import Plane
 from apiary.api.guards import plain_text
@@ -77,13 +82,25 @@ class ClusterInfo(BaseModel):
     apiUrls: list[str] | None
 
 
+class JoinRequest(RequestBody):
+    model_config = ConfigDict(extra="forbid")
+
+    csr: str | None = Field(
+        default=None, max_length=pki.MAX_CSR_BYTES,
+        description="The node's certificate signing request (PEM) for its serving certificate: CN and SANs its "
+                    "name and addresses. Its SANs may not name another node of the cluster config.")
+
+
 class Joined(BaseModel):
     """A node's join: ``token`` is its agent credential (shown once; keep it mode 0600), ``caCert``
-    the platform CA (PEM) to verify the API with, or null."""
+    the platform CA (PEM) to verify the API with, or null; ``certificate`` the node's serving
+    certificate (PEM, signed by that CA; server auth, 365 days) when it sent a CSR and this host
+    holds the CA key, else null."""
 
     node: str
     token: str
     caCert: str | None
+    certificate: str | None = None
 
 
 async def get_tokens(request: Request) -> BootstrapTokens:
@@ -151,15 +168,29 @@ def cluster_info(request: Request, settings: Settings = Depends(get_settings)) -
 
 
 @router.post("/nodes/{node}/join", response_model=Joined)
-def join_node(node: str, request: Request, response: Response, plane: Plane,
+def join_node(node: str, request: Request, response: Response, plane: Plane, body: JoinRequest | None = None,
               settings: Settings = Depends(get_settings), tokens: BootstrapTokens = Depends(get_tokens)) -> dict:
     """Join ``node`` with the bootstrap token in ``Authorization: Bearer``: answers its agent
-    credential once. 401 naming why the token is refused (malformed, unknown, revoked, used,
-    expired, for another node), 404 for a node the cluster config lacks, 409 for a node that has
-    joined already (an admin revokes its agent token first)."""
+    credential once, and its serving certificate when the body carries a CSR and this host holds
+    the CA key. 401 naming why the token is refused (malformed, unknown, revoked, used, expired,
+    for another node), 404 for a node the cluster config lacks, 409 for a node that has joined
+    already (an admin revokes its agent token first), 400 (field ``csr``) for a CSR that is not
+    one, or names another node of the cluster config: the token stays unspent."""
     _limit(request, "join")
+    signed: list[str] = []
+    csr = body.csr if body is not None else None
+    ca_cert, ca_key = settings.ca_cert, settings.ca_key
+
+    def approve() -> None:  # after the token and the node are checked, before anything is written
+        if not csr or ca_cert is None or ca_key is None:
+            return
+        others = set(plane.cache.node_names) - {node}
+        signed.append(pki.sign_csr(ca_cert.expanduser(), ca_key.expanduser(), csr.encode("utf-8"), node=node,
+                                   allowed=lambda name: name not in others).decode("ascii"))
+
     # The token is checked first, and ``node`` reaches the store only once it is a node of the
-    # cluster config: whatever the path holds, a caller without a good token learns nothing else.
-    agent_token = tokens.spend(bearer(request), node, plane.cache.node_names)
+    # cluster config: whatever the path or the CSR holds, a caller without a good token learns nothing else.
+    agent_token = tokens.spend(bearer(request), node, plane.cache.node_names, approve=approve)
     response.headers["Cache-Control"] = "no-store"  # it carries a credential (RFC 9111 section 5.2.2.5)
-    return {"node": node, "token": agent_token, "caCert": ca_pem(settings)}
+    return {"node": node, "token": agent_token, "caCert": ca_pem(settings),
+            "certificate": signed[0] if signed else None}
