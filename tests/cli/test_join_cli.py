@@ -207,3 +207,42 @@ def test_the_help_texts_are_plain_text() -> None:
                  ["bootstrap-token"], ["join"]):
         result = CliRunner().invoke(cli, [*args, "--help"])
         assert result.exit_code == 0 and not markup.findall(result.output), result.output
+
+
+def test_a_node_gets_its_serving_certificate_when_the_control_plane_holds_the_ca_key(
+        platform: Platform, https: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    creds = platform.tmp / "node" / "credentials"
+    # Without the CA key: the join works, and says /metrics stays HTTP.
+    token, command = new_token(https, platform, monkeypatch, "--node", CAROL)
+    code, out = run(command.split()[2:] + ["--credentials", str(creds)], https, platform, monkeypatch)
+    assert code == 0 and "/metrics stays HTTP" in out and "--metrics-cert" not in out, out
+    assert not (creds / "node.key").exists() and not (creds / "node.crt").exists()
+
+    platform.app.state.settings = Settings(ca_cert=platform.ca, ca_key=platform.ca_dir / "ca.key")  # type: ignore[attr-defined]
+    token, command = new_token(https, platform, monkeypatch, "--node", DAN)
+    code, out = run(command.split()[2:] + ["--credentials", str(creds), "--address", "198.18.0.21",
+                                           "--address", "dan.rack3"], https, platform, monkeypatch)
+    assert code == 0, out
+    crt, key = creds / "node.crt", creds / "node.key"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600 and stat.S_IMODE(crt.stat().st_mode) == 0o644
+    assert f"--metrics-cert {crt} --metrics-key {key}" in out
+    cert = x509.load_pem_x509_certificate(crt.read_bytes())
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(platform.ca.read_bytes()))
+    assert cert.public_key() == serialization.load_pem_private_key(key.read_bytes(), None).public_key()
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == [DAN, "dan.rack3"]
+    assert [str(a) for a in sans.get_values_for_type(x509.IPAddress)] == ["198.18.0.21"]
+
+
+def test_an_address_that_is_no_address_names_the_option() -> None:
+    from apiary.cli.join import serving_names
+
+    assert serving_names("n1", ["10.0.0.5", "n1", "n1.example"]) == ["n1", "10.0.0.5", "n1.example"]
+    with pytest.raises(ValidationError) as e:
+        serving_names("n1", ["not an address"])
+    assert e.value.field == "address"
+    default = serving_names("n1")
+    assert default[0] == "n1" and "127.0.0.1" not in default and "::1" not in default

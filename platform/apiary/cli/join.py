@@ -14,6 +14,14 @@ alone for ``POST /api/v2/nodes/{node}/join``, which spends the token and answers
 credential. It writes ``<credentials>/agent-<node>.token`` (0600, created so by ``os.open``) and
 ``<credentials>/ca.crt`` (0644) and prints the ``apiary agent`` command that runs the agent.
 
+The join also asks for the node's serving certificate, as a kubelet does for its own: the node
+makes its key here (EC P-256; it never leaves the node) and sends a certificate signing request
+naming the node and its addresses (``--address``, repeatable; default: the addresses of this
+host's interfaces other than loopback and link-local, its node name and its host name). When the
+control plane holds the CA key it answers the certificate, written to ``<credentials>/node.crt``
+(0644) beside ``node.key`` (0600), and the agent serves its ``/metrics`` over HTTPS with them
+(``apiary agent --metrics-cert ... --metrics-key ...``); otherwise ``/metrics`` stays HTTP.
+
 ``--ca-cert-hash`` is required unless ``--unsafe-skip-ca-verification`` (kubeadm's flag: trust
 whatever CA the server presents) or the API is plain HTTP on loopback (tests, one machine), where
 no token leaves the host. A token is never sent in clear to another host
@@ -23,9 +31,11 @@ no token leaves the host. A token is never sent in clear to another host
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import os
 import re
+import socket
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,21 +149,72 @@ def revoke(token_id: str) -> None:
 
 @dataclass(frozen=True)
 class Joined:
-    """What :func:`join` wrote: the agent token file and the CA file (None: no CA)."""
+    """What :func:`join` wrote: the agent token file, the CA file (None: no CA), and the node's
+    serving certificate and key (None: the control plane signed none)."""
 
     node: str
     token_file: Path
     ca_file: Path | None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+
+#: File names of a node's serving certificate and key in its credentials directory.
+NODE_CERT, NODE_KEY = "node.crt", "node.key"
+
+
+def host_addresses() -> list[str]:
+    """This host's addresses that other hosts may reach it by: every IPv4 and IPv6 address of its
+    interfaces (``psutil.net_if_addrs``) except loopback, link-local and unspecified ones, in
+    interface order, without duplicates."""
+    import psutil
+
+    found: list[str] = []
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            try:
+                ip = ipaddress.ip_address(a.address.split("%", 1)[0])
+            except ValueError:
+                continue
+            if ip.is_loopback or ip.is_link_local or ip.is_unspecified or str(ip) in found:
+                continue
+            found.append(str(ip))
+    return found
+
+
+def serving_names(node: str, addresses: list[str] | None = None) -> list[str]:
+    """The names a node's serving certificate asks for: ``node``, then ``addresses`` (each checked
+    to be an IP address or a host name; ValidationError field ``address``) or, when None,
+    :func:`host_addresses` and this host's name."""
+    if addresses is None:
+        names = [node, *host_addresses(), socket.gethostname()]
+    else:
+        names = [node]
+        for a in addresses:
+            a = a.strip()
+            try:
+                ipaddress.ip_address(a)
+            except ValueError:
+                if not re.fullmatch(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", a) or ".." in a:
+                    raise ValidationError("address", f"{a!r} is neither an IP address nor a host name") from None
+            names.append(a)
+    return list(dict.fromkeys(n for n in names if n))
 
 
 def join(api: str, token: str, node: str, credentials_dir: Path, *, ca_cert_hash: str | None = None,
-         unsafe_skip_ca_verification: bool = False, transport: httpx.BaseTransport | None = None) -> Joined:
+         unsafe_skip_ca_verification: bool = False, addresses: list[str] | None = None,
+         transport: httpx.BaseTransport | None = None) -> Joined:
     """Join ``node`` to the control plane at ``api`` (one URL) with bootstrap token ``token``
-    (module doc); writes the credentials into ``credentials_dir``. Raises ValidationError (a bad
-    ``--ca-cert-hash``, a missing pin, a URL that is neither HTTPS nor HTTP on loopback),
-    :class:`~apiary.errors.PlaintextTokenError`, :class:`CaMismatchError` (the presented CA is not
+    (module doc); writes the credentials into ``credentials_dir``. ``addresses``: the IP addresses
+    and host names the node's serving certificate names besides ``node`` (None: this host's, see
+    :func:`serving_names`). Raises ValidationError (a bad
+    ``--ca-cert-hash``, a missing pin, a URL that is neither HTTPS nor HTTP on loopback, a bad
+    ``--address``), :class:`~apiary.errors.PlaintextTokenError`, :class:`CaMismatchError` (the presented CA is not
     the pinned one), UnavailableError (unreachable, or TLS verification failed) or the API's
-    refusal (401 naming why, 404 unknown node, 409 joined already). ``transport``: tests' fake."""
+    refusal (401 naming why, 404 unknown node, 409 joined already, 400 a CSR naming another
+    node). ``transport``: tests' fake."""
     from apiary import pki
     from apiary.auth.bootstrap import agent_token_path, write_secret
     from apiary.client import check_token_transport, is_loopback_host
@@ -172,6 +233,7 @@ def join(api: str, token: str, node: str, credentials_dir: Path, *, ca_cert_hash
                                               "create` prints it (or --unsafe-skip-ca-verification to trust whatever "
                                               "CA the server presents)")
     check_token_transport(api, token)  # plain HTTP only to loopback
+    node_key, csr = pki.make_node_csr(node, serving_names(node, addresses))  # the key stays here
 
     # 1. Discovery: the CA, from a server not verified yet, trusted only by its hash.
     info = _cluster_info(api, False, transport)
@@ -188,7 +250,8 @@ def join(api: str, token: str, node: str, credentials_dir: Path, *, ca_cert_hash
         parts.scheme == "https"  # no CA anywhere: the system's CAs (HTTPS) or nothing to verify (HTTP)
     try:
         with httpx.Client(verify=verify, transport=transport, timeout=30.0) as http:
-            r = http.post(f"{api}/api/v2/nodes/{node}/join", headers={"Authorization": f"Bearer {token}"})
+            r = http.post(f"{api}/api/v2/nodes/{node}/join", headers={"Authorization": f"Bearer {token}"},
+                          json={"csr": csr.decode("ascii")})
     except httpx.TransportError as e:
         raise UnavailableError(f"Apiary API at {api} is not reachable with the pinned CA: {type(e).__name__}: "
                                f"{e}") from e
@@ -205,7 +268,12 @@ def join(api: str, token: str, node: str, credentials_dir: Path, *, ca_cert_hash
         with os.fdopen(fd, "w", encoding="ascii") as f:
             f.write(joined["caCert"])
         os.chmod(ca_file, 0o644)
-    return Joined(node, token_file, ca_file)
+    cert_file = key_file = None
+    if joined.get("certificate"):
+        key_file, cert_file = credentials_dir / NODE_KEY, credentials_dir / NODE_CERT
+        pki.write_private(key_file, node_key)
+        pki.write_public(cert_file, joined["certificate"].encode("ascii"))
+    return Joined(node, token_file, ca_file, cert_file, key_file)
 
 
 class CaMismatchError(ValidationError):
@@ -226,6 +294,9 @@ def agent_join(
         None, "--credentials", help="Where to write agent-<node>.token and ca.crt (default APIARY_HOME/credentials)."),
     unsafe_skip_ca_verification: bool = typer.Option(
         False, "--unsafe-skip-ca-verification", help="Trust whatever CA the server presents (no pin)."),
+    address: list[str] = typer.Option(
+        [], "--address", help="An IP address or host name this node's /metrics is reached by, for its serving "
+                              "certificate (repeatable; default: this host's non-loopback addresses and its name)."),
 ) -> None:
     """Join this node to the cluster with a bootstrap token (kubeadm join): pin the platform CA,
     receive the node's agent credential, and store it (0600)."""
@@ -234,8 +305,15 @@ def agent_join(
         err.print("warning: --unsafe-skip-ca-verification: the CA the server presents is trusted unchecked.",
                   markup=False, highlight=False)
     done = _run(lambda: join(api, token, node, creds, ca_cert_hash=ca_cert_hash,
-                             unsafe_skip_ca_verification=unsafe_skip_ca_verification))
+                             unsafe_skip_ca_verification=unsafe_skip_ca_verification, addresses=address or None))
     typer.echo(f"Node {node} joined. Wrote {done.token_file} (0600)"
                + (f" and {done.ca_file} (0644)." if done.ca_file else "."))
     ca = f" --ca-cert {done.ca_file}" if done.ca_file else ""
-    typer.echo(f"Run its agent: apiary agent --api {api.rstrip('/')} --node {node} --credentials {creds}{ca}")
+    tls = ""
+    if done.cert_file and done.key_file:
+        typer.echo(f"Its serving certificate: {done.cert_file} (0644), key {done.key_file} (0600).")
+        tls = f" --metrics-cert {done.cert_file} --metrics-key {done.key_file}"
+    else:
+        typer.echo("The control plane signed no serving certificate (no APIARY_CA_KEY there): "
+                   "the agent's /metrics stays HTTP.")
+    typer.echo(f"Run its agent: apiary agent --api {api.rstrip('/')} --node {node} --credentials {creds}{ca}{tls}")
