@@ -225,7 +225,20 @@ class SubmitResult:
         d["submit_queued_jobs"] = self.queued_jobs
         d["submit_warmup"] = self.warmup
         d["nodes"], d["gpus_per_node"] = NODES, GPUS_PER_NODE
+        d.update(server_stack())
         return d
+
+
+def server_stack() -> dict[str, str]:
+    """What uvicorn serves the control plane with, as its ``http="auto"`` and ``loop="auto"``
+    choose in this environment (the platform's children run from the same one): the HTTP parser
+    (``httptools`` when importable, else the pure-Python ``h11``) and the event loop (``uvloop``
+    when importable, else ``asyncio``). Both change the control plane's CPU per request."""
+    def have(module: str) -> bool:
+        return importlib.util.find_spec(module) is not None
+
+    return {"http_parser": "httptools" if have("httptools") else "h11",
+            "event_loop": "uvloop" if have("uvloop") else "asyncio"}
 
 
 def _check_listed(client: ApiaryClient, ids: list[str]) -> tuple[int, int]:
@@ -466,7 +479,9 @@ def method(section: dict) -> str:
             "in all; *_cycles / "
             "*_cycle_ms_mean: scheduling cycles during the run (the control plane's "
             "apiary_scheduling_cycle_seconds); *_cpu_ms_per_submit_<process>: CPU time of the control-plane "
-            "process (and of the benchmark process, the clients) over the run / accepted submissions."
+            "process (and of the benchmark process, the clients) over the run / accepted submissions. "
+            f"http_parser / event_loop: uvicorn's HTTP parser ({section.get('http_parser')}) and event loop "
+            f"({section.get('event_loop')}) in the environment the control plane ran in."
         )
     if "hostile_max_ms" in section:
         out.append(
