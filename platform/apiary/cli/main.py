@@ -205,6 +205,11 @@ def agent(
     ),
     registry: str | None = typer.Option(None, help="The platform registry's host:port ({registry} in the map)."),
     metrics_host: str = typer.Option("127.0.0.1", help="Address /metrics binds to (0.0.0.0 in a pod)."),
+    metrics_cert: Path | None = typer.Option(
+        None, "--metrics-cert", help="This node's serving certificate (PEM; apiary agent join writes node.crt): "
+                                     "/metrics and /healthz over HTTPS only. Needs --metrics-key."),
+    metrics_key: Path | None = typer.Option(
+        None, "--metrics-key", help="The key of --metrics-cert (PEM, 0600; node.key)."),
     self_fence: bool | None = typer.Option(
         None, "--self-fence/--no-self-fence",
         help="Stop this node's tasks when no control plane answered for most of the node-lost grace "
@@ -217,11 +222,22 @@ def agent(
     if not api:
         err.print("--api is required: the control plane's URL (several replicas comma-separated).")
         raise typer.Exit(2)
+    if (metrics_cert is None) != (metrics_key is None):
+        err.print("--metrics-cert and --metrics-key go together: the serving certificate and its key.")
+        raise typer.Exit(2)
+    metrics_tls = (metrics_cert.expanduser(), metrics_key.expanduser()) if metrics_cert and metrics_key else None
     import time
 
     from apiary.auth.bootstrap import read_token
     from apiary.client import ApiaryClient, http_verify
-    from apiary.runtime.agent import run_agents
+    from apiary.runtime.agent import metrics_ssl_context, run_agents
+
+    if metrics_tls is not None:
+        try:
+            metrics_ssl_context(*metrics_tls)  # a missing or mismatched file fails before anything starts
+        except ApiaryError as e:
+            err.print(f"[red]error[/red] ({e.status_code}): {e.message}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from e
 
     use_private_umask()  # launch records, scripts and task output hold the jobs' secrets
     _logging()
@@ -270,7 +286,7 @@ def agent(
                 api, group, state_dir.expanduser(), simulated_gpus=simulated, workdir=workdir, stop=stop,
                 kill_tasks_on_exit=True, metrics_ports=ports, tokens=tokens, runtime=runtime, image_map=images,
                 metrics_host=metrics_host, verify=http_verify(ca), self_fence=self_fence,
-                node_lost_after_s=_settings().node_lost_after_s,
+                node_lost_after_s=_settings().node_lost_after_s, metrics_tls=metrics_tls,
             )
             for group, simulated in groups if group
         ))

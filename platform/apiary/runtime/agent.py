@@ -725,25 +725,122 @@ class NodeAgent:
                 self._shipped[key] = offset
 
 
-def serve_node_metrics(node: str, registry: Any, host: str, port: int, health: Any = None) -> Any:
+#: How long a scraper has to finish the TLS handshake with a node's /metrics server, seconds.
+METRICS_HANDSHAKE_TIMEOUT_S = 10.0
+
+
+def metrics_ssl_context(cert: Path, key: Path) -> ssl.SSLContext:
+    """The server-side TLS context of a node's ``/metrics``: its serving certificate ``cert`` and
+    key ``key`` (PEM; ``apiary agent join`` writes ``node.crt`` and ``node.key``), TLS 1.2 or
+    newer. Raises :class:`~apiary.errors.ValidationError` naming ``metrics-cert`` or
+    ``metrics-key`` when a file is missing, or ``metrics-cert`` when the pair does not load."""
+    for field, path in (("metrics-cert", cert), ("metrics-key", key)):
+        if not path.is_file():
+            raise ValidationError(field, f"{path} does not exist")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(str(cert), str(key))
+    except (ssl.SSLError, OSError) as e:
+        raise ValidationError("metrics-cert", f"cannot load {cert} with {key}: {e}") from e
+    return context
+
+
+def _serve_metrics_tls(registry: Any, host: str, port: int, health: Any, context: ssl.SSLContext) -> Any:
+    """:func:`apiary.monitoring.serve_metrics` over HTTPS: the same ``/metrics`` and ``/healthz``
+    from a threaded ``http.server`` whose connections are wrapped server-side with ``context``.
+    Each connection's handshake runs in its own thread (ThreadingMixIn's), so a client that never
+    finishes one delays only itself, for at most :data:`METRICS_HANDSHAKE_TIMEOUT_S`."""
+    import json
+    import threading
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    from prometheus_client import make_wsgi_app
+
+    from apiary.monitoring.server import check_health
+
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: dict, start_response: Any) -> Any:
+        if environ.get("PATH_INFO") == "/healthz":
+            status, body = check_health(health)
+            start_response(f"{status} {'OK' if status == 200 else 'Service Unavailable'}",
+                           [("Content-Type", "application/json")])
+            return [json.dumps(body).encode()]
+        return metrics(environ, start_response)
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+            pass
+
+    class TlsServer(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+        def finish_request(self, request: Any, client_address: Any) -> None:
+            request.settimeout(METRICS_HANDSHAKE_TIMEOUT_S)
+            try:
+                conn = context.wrap_socket(request, server_side=True)
+            except (ssl.SSLError, OSError):  # not TLS, or a client that does not trust the certificate
+                return
+            try:
+                super().finish_request(conn, client_address)
+            finally:
+                self.shutdown_request(conn)
+
+    server = make_server(host, port, app, server_class=TlsServer, handler_class=Quiet)
+    threading.Thread(target=server.serve_forever, name="metrics-server-tls", daemon=True).start()
+    return server
+
+
+def serve_node_metrics(node: str, registry: Any, host: str, port: int, health: Any = None,
+                       tls: ssl.SSLContext | None = None) -> Any:
     """Serve one node's ``/metrics`` and ``/healthz`` on ``host:port``
     (:func:`apiary.monitoring.serve_metrics`; ``health`` as there); if ``port`` is taken, on any free
-    port instead (read ``server.server_port``).
+    port instead (read ``server.server_port``). With ``tls`` (:func:`metrics_ssl_context`) they
+    are served over HTTPS only, with the node's serving certificate, so Prometheus scrapes the
+    node verified against the platform CA (as it scrapes a kubelet's ``/metrics``).
 
     Why not fail: the supervisor fixes the ports before the agent starts, and one taken since
     would make every restart fail the same way. The agent reports the real URL to the control
     plane; only a static Prometheus target for this node goes stale (logged)."""
     from apiary.monitoring import serve_metrics
 
+    def serve(at: int) -> Any:
+        if tls is not None:
+            return _serve_metrics_tls(registry, host, at, health, tls)
+        return serve_metrics(registry, host, at, health)[0]
+
     try:
-        server, _ = serve_metrics(registry, host, port, health)
+        server = serve(port)
     except OSError as exc:
         if not port:
             raise
-        server, _ = serve_metrics(registry, host, 0, health)
+        server = serve(0)
         logger.warning("node=%s metrics port %d taken (%s); serving on %d instead", node, port, exc,
                        server.server_port)
     return server
+
+
+def metrics_url(host: str, port: int, *, tls: bool, cert: Path | None = None, node: str = "") -> str:
+    """The URL of a node's ``/metrics`` as the agent reports it: ``http(s)://HOST:PORT/metrics``.
+    HOST is ``host`` unless it binds every address (``0.0.0.0``, ``::``), then, over TLS, the
+    first IP address in the certificate ``cert`` (else its first DNS name, else ``node``): a name
+    the certificate holds, so a scraper following the URL verifies it."""
+    name = host
+    if host in ("", "0.0.0.0", "::") and tls and cert is not None:
+        from cryptography import x509
+
+        try:
+            sans = x509.load_pem_x509_certificate(cert.read_bytes()).extensions.get_extension_for_class(
+                x509.SubjectAlternativeName).value
+            ips = [str(a) for a in sans.get_values_for_type(x509.IPAddress)]
+            name = (ips + sans.get_values_for_type(x509.DNSName) + [node or host])[0]
+        except (OSError, ValueError, x509.ExtensionNotFound):
+            name = node or host
+    if ":" in name:  # an IPv6 address (RFC 3986 section 3.2.2)
+        name = f"[{name}]"
+    return f"{'https' if tls else 'http'}://{name}:{port}/metrics"
 
 
 RUNTIMES = ("process", "docker", "kubernetes")
@@ -831,6 +928,7 @@ async def run_agents(
     verify: ssl.SSLContext | bool = True,
     self_fence: bool | None = None,
     node_lost_after_s: float = DEFAULT_NODE_LOST_AFTER_S,
+    metrics_tls: tuple[Path, Path] | None = None,
 ) -> None:
     """Run one :class:`NodeAgent` per entry of ``nodes`` (name -> GPU count) in this process,
     each with a :class:`~apiary.runtime.process.ProcessBackend` under ``state_dir/<node>``.
@@ -838,6 +936,10 @@ async def run_agents(
     With ``metrics_ports`` (node -> port; 0 = any free port) every node serves its own
     ``/metrics`` and ``/healthz`` (:class:`~apiary.monitoring.NodeExporter`: GPUs, real through
     NVML or simulated, host and task metrics) and reports the URL to the control plane.
+    ``metrics_tls``: ``(certificate, key)`` PEM files of this host's serving certificate
+    (``apiary agent join`` writes them): ``/metrics`` is then served over HTTPS only and reported as
+    ``https://...`` (:func:`metrics_url`); ValidationError naming ``metrics-cert``/``metrics-key``
+    when they do not load.
     ``tokens``: node -> that node agent's bearer token. ``runtime``: ``process`` (default),
     ``docker`` (:class:`~apiary.runtime.docker.DockerBackend` on the local dockerd, with
     ``image_map``) or ``kubernetes`` (:class:`~apiary.runtime.kubernetes.KubernetesBackend`);
@@ -855,6 +957,7 @@ async def run_agents(
     from apiary.monitoring import NodeExporter
 
     stop = stop or asyncio.Event()
+    tls = metrics_ssl_context(*metrics_tls) if metrics_tls is not None and metrics_ports is not None else None
     limits = httpx.Limits(max_connections=4 * len(nodes) + 10, max_keepalive_connections=4 * len(nodes) + 10)
     urls = Replicas(api_url).urls
     for name in nodes:  # before anything is sent
@@ -879,9 +982,10 @@ async def run_agents(
                 break
             agent.exporter = NodeExporter(agent.node, agent.running_tasks, gpus=agent.gpus, simulated=simulated_gpus)
             server = serve_node_metrics(agent.node, agent.exporter.registry, metrics_host,
-                                        metrics_ports.get(agent.node, 0), health=agent.health)
+                                        metrics_ports.get(agent.node, 0), health=agent.health, tls=tls)
             servers.append(server)
-            agent.metrics_url = f"http://{metrics_host}:{server.server_port}/metrics"
+            agent.metrics_url = metrics_url(metrics_host, server.server_port, tls=tls is not None,
+                                            cert=metrics_tls[0] if metrics_tls else None, node=agent.node)
         logger.info("agents started nodes=%d api=%s self_fence=%s", len(agents), ",".join(urls),
                     agents[0].self_fence if agents else None)
         try:
