@@ -237,3 +237,11 @@ def test_without_the_ca_key_a_join_with_a_csr_answers_no_certificate(world: Worl
                           headers=bearer(new_token(world)["token"]))
     assert r.status_code == 200, r.text
     assert r.json()["certificate"] is None and r.json()["caCert"] == world.ca_pem
+
+
+def test_without_a_bootstrap_token_a_join_is_a_401_whatever_the_body_holds(world: World) -> None:
+    for body in ({"csr": 5}, {"csr": "x\u0000y"}, {"other": 1}):
+        r = world.client.post(f"/api/v2/nodes/{DAN}/join", json=body)
+        assert r.status_code == 401 and r.json()["code"] == "BootstrapTokenError", (body, r.text)
+    status, _ = join(world, DAN, new_token(world)["token"])  # nothing was spent by them
+    assert status == 200

@@ -103,6 +103,18 @@ def split(token: str) -> tuple[str, str] | None:
     return (m["id"], m["secret"]) if m else None
 
 
+def parse(token: str | None) -> tuple[str, str]:
+    """``(id, secret)`` of a bootstrap token as a request carries it; raises
+    :class:`BootstrapTokenError` (401) when it is missing or not ``<id>.<secret>``."""
+    if not token:
+        raise BootstrapTokenError("Missing bootstrap token: send 'Authorization: Bearer <id>.<secret>'.")
+    parts = split(token)
+    if parts is None:
+        raise BootstrapTokenError("Malformed bootstrap token: expected <id>.<secret>, 6 and 16 characters of "
+                                  "[a-z0-9], as `apiary node bootstrap-token create` prints it.")
+    return parts
+
+
 def state(row: BootstrapToken, now: float) -> str:
     """``revoked``, ``used``, ``expired`` or ``valid`` (in that order of precedence)."""
     if row.revoked is not None:
@@ -189,13 +201,7 @@ class BootstrapTokens:
         refusal leaves the token unspent). Only then, in the same commit, the token is marked used
         by ``node`` and the agent token added. A refusal changes nothing.
         """
-        if not token:
-            raise BootstrapTokenError("Missing bootstrap token: send 'Authorization: Bearer <id>.<secret>'.")
-        parts = split(token)
-        if parts is None:
-            raise BootstrapTokenError("Malformed bootstrap token: expected <id>.<secret>, 6 and 16 characters of "
-                                      "[a-z0-9], as `apiary node bootstrap-token create` prints it.")
-        token_id, secret = parts
+        token_id, secret = parse(token)
         now = self._clock()
         with self._joins, UnitOfWork(self._sessions, "join node") as uow:
             s = uow.s

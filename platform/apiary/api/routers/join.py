@@ -32,7 +32,7 @@ from apiary.api.auth import Admin, bearer
 from apiary.api.deps import Plane
 from apiary.api.guards import plain_text
 from apiary.api.schemas import ERROR_RESPONSES, RequestBody
-from apiary.auth.bootstrap_tokens import DEFAULT_TTL_S, MAX_DESCRIPTION, MAX_TTL_S, BootstrapTokens
+from apiary.auth.bootstrap_tokens import DEFAULT_TTL_S, MAX_DESCRIPTION, MAX_TTL_S, BootstrapTokens, parse
 from apiary.errors import PlatformError
 from apiary.settings import Settings
 
@@ -167,16 +167,26 @@ def cluster_info(request: Request, settings: Settings = Depends(get_settings)) -
     return {"clusterId": request.app.state.cluster_id, "caCert": ca_pem(settings), "apiUrls": api_urls(settings)}
 
 
+def _bootstrap_bearer(request: Request) -> str | None:
+    """The request's bearer token once it has the form of a bootstrap token (401 otherwise). A
+    dependency, so FastAPI runs it before it validates the body: a caller without one gets its 401
+    whatever the body holds."""
+    _limit(request, "join")
+    token = bearer(request)
+    parse(token)
+    return token
+
+
 @router.post("/nodes/{node}/join", response_model=Joined)
-def join_node(node: str, request: Request, response: Response, plane: Plane, body: JoinRequest | None = None,
-              settings: Settings = Depends(get_settings), tokens: BootstrapTokens = Depends(get_tokens)) -> dict:
+def join_node(node: str, response: Response, plane: Plane, body: JoinRequest | None = None,
+              token: str | None = Depends(_bootstrap_bearer), settings: Settings = Depends(get_settings),
+              tokens: BootstrapTokens = Depends(get_tokens)) -> dict:
     """Join ``node`` with the bootstrap token in ``Authorization: Bearer``: answers its agent
     credential once, and its serving certificate when the body carries a CSR and this host holds
     the CA key. 401 naming why the token is refused (malformed, unknown, revoked, used, expired,
     for another node), 404 for a node the cluster config lacks, 409 for a node that has joined
     already (an admin revokes its agent token first), 400 (field ``csr``) for a CSR that is not
     one, or names another node of the cluster config: the token stays unspent."""
-    _limit(request, "join")
     signed: list[str] = []
     csr = body.csr if body is not None else None
     ca_cert, ca_key = settings.ca_cert, settings.ca_key
@@ -190,7 +200,7 @@ def join_node(node: str, request: Request, response: Response, plane: Plane, bod
 
     # The token is checked first, and ``node`` reaches the store only once it is a node of the
     # cluster config: whatever the path or the CSR holds, a caller without a good token learns nothing else.
-    agent_token = tokens.spend(bearer(request), node, plane.cache.node_names, approve=approve)
+    agent_token = tokens.spend(token, node, plane.cache.node_names, approve=approve)
     response.headers["Cache-Control"] = "no-store"  # it carries a credential (RFC 9111 section 5.2.2.5)
     return {"node": node, "token": agent_token, "caCert": ca_pem(settings),
             "certificate": signed[0] if signed else None}
