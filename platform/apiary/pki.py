@@ -372,7 +372,7 @@ def sign_csr(
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node)]))
         .issuer_name(authority.subject)
-        .public_key(public)  # type: ignore[arg-type]  # checked by _csr_key_ok
+        .public_key(public)  # checked by _csr_key_ok
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - _BACKDATE)
         .not_valid_after(now + dt.timedelta(days=days))
@@ -384,7 +384,7 @@ def sign_csr(
             critical=True,
         )
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)  # type: ignore[arg-type]
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(signer.public_key()), critical=False)
         .add_extension(x509.SubjectAlternativeName(unique), critical=False)
         .sign(signer, hashes.SHA256())
