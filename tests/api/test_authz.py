@@ -256,6 +256,8 @@ REQUESTS: dict[tuple[str, str], Make] = {
     ("POST", "/api/v2/tokens"): lambda w, who: Target("/api/v2/tokens", {"json": {}}),
     ("DELETE", "/api/v2/tokens/{token_id}"): lambda w, who: Target(f"/api/v2/tokens/{_alices_token(w)}", owner="alice"),
     ("POST", "/api/v2/bootstrap-tokens"): lambda w, who: Target("/api/v2/bootstrap-tokens", {"json": {}}),
+    ("POST", "/api/v2/nodes/{node}/join"): lambda w, who: Target(f"/api/v2/nodes/{DAN}/join", {"json": {}},
+                                                                  node=DAN),
     ("DELETE", "/api/v2/bootstrap-tokens/{token_id}"): lambda w, who: Target(
         f"/api/v2/bootstrap-tokens/{_bootstrap_token(w)}"),
     ("POST", "/api/v2/drills/results"): lambda w, who: Target("/api/v2/drills/results", {"json": {
