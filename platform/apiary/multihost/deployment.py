@@ -12,7 +12,8 @@ Hosts (``apiary.hosts.netns``: network namespaces on one bridge here, machines e
 ``mon``    Prometheus and Alertmanager, both serving HTTPS with mon's certificate (the control
            plane scraped over HTTPS, alerts sent to Alertmanager over HTTPS, the webhook's
            certificate verified against the platform CA)
-``nN``     one node agent each, joined with a bootstrap token (``apiary agent join``)
+``nN``     one node agent each, joined with a bootstrap token (``apiary agent join``), serving
+           its /metrics over HTTPS with the certificate the join had signed
 =========  ==============================================================================
 
 Components share nothing but the network: each gets its own state directory, and what one host
@@ -284,6 +285,9 @@ class Deployment:
             "APIARY_HOME": str(home),
             "APIARY_DATABASE_URL": self.postgres.url(sslrootcert=self.dir(host) / "ca.crt"),
             "APIARY_TLS_CERT": str(cert), "APIARY_TLS_KEY": str(key),
+            # The CA key on control-plane hosts (kubeadm keeps ca.key there): joins sign the nodes'
+            # serving certificates.
+            "APIARY_CA_KEY": str(self._ca_key_copy(host)),
             "APIARY_ADVERTISE_URL": f"https://{host}:{API_PORT}", "APIARY_REPLICA_ID": host,
             # Nodes join with bootstrap tokens; no agent credential is written into a replica's home.
             "APIARY_NODE_CREDENTIALS": "join",
@@ -308,6 +312,12 @@ class Deployment:
             if (src / rel).exists():
                 private_dir((dst / rel).parent)
                 write_private(dst / rel, (src / rel).read_bytes())
+
+    def _ca_key_copy(self, host: str) -> Path:
+        path = self.dir(host) / "tls" / "ca.key"
+        private_dir(path.parent)
+        write_private(path, (self.ca_dir / "ca.key").read_bytes())
+        return path
 
     def _start_replica(self, host: str) -> Component:
         return self._run(Component(
@@ -377,7 +387,9 @@ class Deployment:
         creds = self.dir(host) / "credentials"
         r = self._hosts().exec(host, self._cli(
             "agent", "join", "--api", f"https://{self.replica_hosts[0]}:{API_PORT}", "--token", token,
-            "--ca-cert-hash", self.ca_hash, "--node", node, "--credentials", str(creds)),
+            "--ca-cert-hash", self.ca_hash, "--node", node, "--credentials", str(creds),
+            # the names Prometheus dials the node's /metrics by, in its serving certificate
+            "--address", self.address(host), "--address", host),
             env=self._base_env(host))
         if r.returncode != 0:
             raise PlatformError(f"agent join of {node} on {host} failed ({r.returncode}): {r.stdout}{r.stderr}")
@@ -391,6 +403,7 @@ class Deployment:
             f"agent@{host}", host,
             self._cli("agent", "--api", ",".join(self.api_urls()), "--node", node, "--credentials", str(creds),
                       "--ca-cert", str(creds / "ca.crt"), "--simulated-gpus",
+                      "--metrics-cert", str(creds / "node.crt"), "--metrics-key", str(creds / "node.key"),
                       "--state-dir", str(self.dir(host) / "agents"), "--workdir", str(REPO_ROOT),
                       "--metrics-ports", json.dumps({node: METRICS_PORT}), "--metrics-host", self.address(host)),
             env, self.dir(host) / "agent.log"))
@@ -468,9 +481,9 @@ class Deployment:
         self._service_token("alertmanager", token_file)
         prom_cfg = stack.render_prometheus(out, control_plane=[f"{h}:{API_PORT}" for h in self.replica_hosts],
                                            alertmanager=f"mon:{ALERTMANAGER_PORT}", interval_s=interval_s, ca_file=ca,
-                                           alertmanager_https=True)
+                                           alertmanager_https=True, nodes_https=True)
         stack.write_targets(out / "targets" / "nodes.json",
-                            {n: f"http://{h}:{METRICS_PORT}/metrics" for n, h in self.node_hosts.items()})
+                            {n: f"https://{h}:{METRICS_PORT}/metrics" for n, h in self.node_hosts.items()})
         am_cfg = stack.render_alertmanager(out, webhook_url=f"https://{self.replica_hosts[0]}:{API_PORT}/api/v2/alerts/webhook",
                                            smtp_smarthost=smtp_smarthost, token_file=token_file, ca_file=ca)
         addr = self.address("mon")
