@@ -24,6 +24,7 @@ could not run. See bench/README.md.
     .venv/bin/python bench/run.py --only load                       # steady load profile (Locust), 50 people
     .venv/bin/python bench/run.py --only ci                         # one full platform-ci pipeline, per stage
     .venv/bin/python bench/run.py --only aiops                      # failure prediction on held-out drill runs
+    .venv/bin/python bench/run.py --only cluster                    # 1,000 and 5,000 hollow nodes vs one leader
 """
 
 from __future__ import annotations
@@ -62,9 +63,10 @@ RUNTIME = ("runtime.docker_start",)
 LOAD = ("load.steady",)
 CI = ("ci.pipeline",)
 AIOPS = ("aiops.failure_prediction",)
-BENCHMARKS = ("scheduler", "replay", *LIFECYCLE, *API, *RUNTIME, *MONITORING, *PREFECT, *LOAD, *CI, *AIOPS)
+CLUSTER = ("cluster.hollow",)
+BENCHMARKS = ("scheduler", "replay", *LIFECYCLE, *API, *RUNTIME, *MONITORING, *PREFECT, *LOAD, *CI, *AIOPS, *CLUSTER)
 GROUPS = {"lifecycle": LIFECYCLE, "api": API, "runtime": RUNTIME, "monitoring": MONITORING, "prefect": PREFECT,
-          "load": LOAD, "ci": CI, "aiops": AIOPS}
+          "load": LOAD, "ci": CI, "aiops": AIOPS, "cluster": CLUSTER}
 ONLY_CHOICES = (*BENCHMARKS, *GROUPS)  # a family name = every benchmark of that family
 PREFECT_RATE, PREFECT_DURATION_S, PREFECT_BURST = 20.0, 60.0, 1000
 QUICK_PREFECT_DURATION_S, QUICK_PREFECT_BURST = 10.0, 100
@@ -75,6 +77,10 @@ CORDON_NODES = 4
 API_SUBMISSIONS, API_QUEUED, API_HOSTILE_REPEATS = 500, 1000, 3
 QUICK_API_SUBMISSIONS, QUICK_API_QUEUED, QUICK_API_HOSTILE_REPEATS = 40, 50, 1
 SCHEDULER_NODES = (1000, 5000, 10000)
+#: cluster.hollow: hollow-node fleet sizes, and the hollow-node processes for each (bench/cluster.py).
+HOLLOW_NODES = (1000, 5000)
+QUICK_HOLLOW_NODES = (40,)
+HOLLOW_PROCESSES = {5000: 2}
 SCHEDULER_SAMPLES = 20000
 QUICK_SCHEDULER_NODES = (200,)
 QUICK_SCHEDULER_SAMPLES = 1000
@@ -278,6 +284,17 @@ def write_results(out: Path, section: dict, replace: bool, name: str = "lifecycl
         import aiops
 
         merged["method"] = aiops.method(merged)
+    elif name == "cluster":
+        import cluster
+
+        # Other benchmarks write keys of this section too (cluster.failover_s): each hollow_<N>
+        # object carries its own method, and the section's method gets one sentence pointing there.
+        for k, v in merged.items():
+            if k.startswith("hollow_") and isinstance(v, dict):
+                v["method"] = cluster.method(v)
+        own = cluster.SECTION_METHOD
+        if own not in str(merged.get("method") or ""):
+            merged["method"] = f"{merged.get('method') or ''} {own}".strip()
     elif name == "prefect":
         import prefect_lag
 
@@ -465,6 +482,36 @@ def run_api(which: set[str], quick: bool, errors: list[str]) -> dict:
     return section
 
 
+def run_cluster(which: set[str], quick: bool, sizes: list[int] | None, errors: list[str]) -> dict:
+    """``cluster.hollow`` (bench/cluster.py): one control plane against N hollow nodes, for N in
+    ``sizes`` (default 1,000 and 5,000; 40 with --quick, with shorter windows); each size's numbers
+    under ``hollow_<N>``. A size that fails is added to ``errors`` and leaves its key out."""
+    section: dict = {}
+    if "cluster.hollow" not in which:
+        return section
+    import cluster
+
+    for n in sizes or (QUICK_HOLLOW_NODES if quick else HOLLOW_NODES):
+        try:
+            kw = {"idle_s": 5.0, "stream_s": 5.0, "burst_jobs": 40} if quick else {}
+            d = cluster.measure_hollow(n, processes=HOLLOW_PROCESSES.get(n, 1), **kw)
+            section[f"hollow_{n}"] = d
+            print(
+                f"cluster hollow_{n}: leader CPU idle {d['leader_cpu_idle_cores']} / stream "
+                f"{d['leader_cpu_stream_cores']} cores; heartbeat p50/p99 {d['heartbeat_p50_ms']}/"
+                f"{d['heartbeat_p99_ms']} ms over {d['heartbeat_samples']}; assignment p50/p99 "
+                f"{d['assignment_p50_ms']}/{d['assignment_p99_ms']} ms over {d['assignment_samples']}; stream "
+                f"{d['stream_rate_per_s']}/s p99 {d['stream_submit_p99_ms']} ms; burst {d['submit_per_s']}/s p99 "
+                f"{d['submit_p99_ms']} ms; {d['jobs_succeeded']}/{d['jobs_submitted']} SUCCEEDED; ready after "
+                f"{d['ready_s']} s (control plane up in {d['startup_s']} s)",
+                flush=True,
+            )
+        except Exception:
+            errors.append(f"cluster.hollow_{n}")
+            traceback.print_exc()
+    return section
+
+
 def run_aiops(which: set[str], quick: bool, errors: list[str]) -> dict:
     """``aiops`` (bench/aiops.py): node-failure prediction on held-out drill runs (24 + 64 runs;
     8 + 8 with --quick); a failed run is added to ``errors`` and leaves its keys out."""
@@ -613,6 +660,12 @@ def main(argv: list[str] | None = None) -> int:
         help="scheduler: cluster size(s) to measure instead of the default ones (repeatable; results merged)",
     )
     ap.add_argument("--scheduler-samples", type=int, help="scheduler: placements measured per cluster size")
+    ap.add_argument(
+        "--cluster-nodes",
+        type=int,
+        action="append",
+        help="cluster: hollow-node fleet size(s) to measure instead of 1,000 and 5,000 (repeatable; merged)",
+    )
     ap.add_argument("--replay-timeout", type=float, default=1200.0, help="replay: bound on the simulator run (s)")
     ap.add_argument(
         "--prefect-sqlite",
@@ -760,6 +813,12 @@ def main(argv: list[str] | None = None) -> int:
         stamp(ai, args.quick)
         written["aiops"] = ai
         write_results(args.out, ai, replace=True, name="aiops")
+    cl = run_cluster(which, args.quick, args.cluster_nodes, errors)
+    if cl:
+        stamp(cl, args.quick)
+        written["cluster"] = cl
+        # never replaced wholesale: other benchmarks (the failover one) write keys of this section
+        write_results(args.out, cl, replace=False, name="cluster")
     if written:
         print(f"wrote {', '.join(written)} to {args.out}", flush=True)
 

@@ -27,7 +27,8 @@ def parse_shard(text: str) -> tuple[int, int]:
     return shard
 
 
-def pick_nodes(inventory: dict[str, int], names: list[str], count: int | None, shard: tuple[int, int]) -> dict[str, int]:
+def pick_nodes(inventory: dict[str, int], names: list[str], count: int | None,
+               shard: tuple[int, int]) -> dict[str, int]:
     """The nodes to run: ``names`` (each must be in ``inventory``, name -> GPUs), else the first ``count``
     of the inventory by name, else all of it; then every M-th from the K-th (``shard``). Raises
     typer.BadParameter for a name the cluster does not have."""
