@@ -47,5 +47,9 @@ def test_every_experiment_has_the_steady_state_tags_and_undo_rollbacks(path: Pat
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
 def test_every_experiment_is_documented_and_run_by_a_test(path: Path) -> None:
     assert f"`{path.name}`" in (EXPERIMENTS / "README.md").read_text()
-    tests = "".join(p.read_text() for p in Path(__file__).parent.glob("test_*.py") if p.name != Path(__file__).name)
+    # The chaos tests, and the many-host e2e, which runs leader-freeze and agent-partition against
+    # its own full deployment.
+    runners = [p for p in Path(__file__).parent.glob("test_*.py") if p.name != Path(__file__).name]
+    runners.append(Path(__file__).parents[1] / "e2e" / "test_multihost.py")
+    tests = "".join(p.read_text() for p in runners)
     assert f'"{path.stem}"' in tests
