@@ -72,3 +72,40 @@ def test_exist_ok_returns_the_existing_user_and_group_unchanged(engine: Engine) 
     assert (user["email"], user["groups"]) == ("a@example.org", ["team"])
     with pytest.raises(ConflictUserError):
         directory.create_user("alice")
+
+
+def test_the_cache_only_check_never_reads_the_store_and_a_miss_is_loaded_off_the_event_loop(
+        engine: Engine) -> None:
+    """``authenticate_cached`` answers from the verified-token cache only (None on a miss, no store
+    read); the API's ``get_principal`` then loads the token in a worker thread, never on the event
+    loop, where a store read would hold up every other request."""
+    import asyncio
+    import threading
+    from types import SimpleNamespace
+
+    from apiary.api.auth import get_principal
+
+    d = Directory(session_factory(engine))
+    d.create_user("ann")
+    token = d.create_token("user", "ann").token
+    loads: list[str] = []
+    real_load = d._load
+
+    def load(token_id: str, now: float):  # noqa: ANN202 - a spy
+        loads.append(threading.current_thread().name)
+        return real_load(token_id, now)
+
+    d._load = load  # type: ignore[method-assign]
+    assert d.authenticate_cached(token) is None and loads == []
+    with pytest.raises(UnauthorizedError):
+        d.authenticate_cached("apiary_nope")  # malformed: judged without the store
+    request = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(directory=d)), state=SimpleNamespace(),
+                              headers={"authorization": f"Bearer {token}"})
+
+    async def call() -> tuple[str, str]:
+        principal = await get_principal(request)  # type: ignore[arg-type]
+        return principal.name, threading.current_thread().name
+
+    name, loop_thread = asyncio.run(call())
+    assert name == "ann" and len(loads) == 1 and loads[0] != loop_thread
+    assert d.authenticate_cached(token).name == "ann" and len(loads) == 1  # type: ignore[union-attr]

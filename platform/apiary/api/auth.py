@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
+from fastapi.concurrency import run_in_threadpool
 
 from apiary.auth import Directory, Principal
 from apiary.auth.principal import SERVICES
@@ -34,7 +35,10 @@ async def get_directory(request: Request) -> Directory:
 
 async def get_principal(request: Request) -> Principal:
     """The verified caller (401 otherwise); a non-admin user's call counts against their rate limit."""
-    principal = request.app.state.directory.authenticate(bearer(request))
+    directory, token = request.app.state.directory, bearer(request)
+    principal = directory.authenticate_cached(token)
+    if principal is None:  # a store read: off the event loop, or every request waits behind it
+        principal = await run_in_threadpool(directory.authenticate, token)
     limiter = getattr(request.app.state, "limiter", None)
     if limiter is not None and principal.kind == "user" and not principal.admin:
         limiter.hit_call(principal.name)  # admins (operators), agents and services are not limited

@@ -109,7 +109,20 @@ class Directory:
     # ------------------------------------------------------------------ verification
     def authenticate(self, token: str | None) -> Principal:
         """The principal ``token`` stands for. Raises UnauthorizedError for a missing, malformed,
-        unknown, wrong, expired or revoked token (one message for all but expiry: no oracle)."""
+        unknown, wrong, expired or revoked token (one message for all but expiry: no oracle).
+        Reads the store when the token is not in the cache: blocking (call it from a thread)."""
+        principal = self._verify(token, load=True)
+        if principal is None:  # not reached: with load=True a miss is loaded or refused
+            raise UnauthorizedError("Invalid token.")
+        return principal
+
+    def authenticate_cached(self, token: str | None) -> Principal | None:
+        """As :meth:`authenticate` from the verified-token cache only: None when the token is not
+        cached (the caller then calls :meth:`authenticate` off its event loop). Never blocks on
+        the store; raises UnauthorizedError as :meth:`authenticate` for what it can judge."""
+        return self._verify(token, load=False)
+
+    def _verify(self, token: str | None, *, load: bool) -> Principal | None:
         if not token:
             raise UnauthorizedError("Missing credential: send 'Authorization: Bearer <token>'.")
         parts = tokens.split(token)
@@ -121,6 +134,8 @@ class Directory:
             hit = self._cache.get(token_id)
         if hit is not None and now - hit[2] < self._ttl:
             stored, principal = hit[0], hit[1]
+        elif not load:
+            return None
         else:
             loaded = self._load(token_id, now)
             if loaded is None:

@@ -81,7 +81,7 @@ def hollow_nodes(
     stats: Path | None = typer.Option(None, help="On exit, write what the hollow agents measured here (JSON)."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
-    """Run hollow node agents (simulated GPUs, tasks that are timers: `sleep N` runs N seconds, then
+    """Run hollow node agents (simulated GPUs, tasks that are timers: sleep N runs N seconds, then
     exits 0) in this process, each heartbeating and long-polling like a real agent. SIGTERM or
     SIGINT stops them (and writes --stats)."""
     from apiary.runtime.agent import HEARTBEAT_S

@@ -26,6 +26,7 @@ from apiary.cli.chaos import chaos_app
 from apiary.cli.ci import ci_app
 from apiary.cli.common import api_client, err, fail, settings, setup_logging
 from apiary.cli.deploy import deploy_app
+from apiary.cli.hollow import hollow_nodes
 from apiary.cli.hosts import hosts_app
 from apiary.cli.identity import add_identity_commands
 from apiary.cli.image import image_app
@@ -63,6 +64,7 @@ app.add_typer(incident_app, name="incident")
 app.add_typer(aiops_app, name="aiops")
 app.add_typer(hosts_app, name="hosts")
 app.add_typer(ca_app, name="ca")
+app.command("hollow-nodes")(hollow_nodes)
 app.command("oncall")(oncall_command)
 add_identity_commands(app, lambda token=None: _client(token), lambda e: _fail(e))
 console = Console()
