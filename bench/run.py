@@ -63,7 +63,7 @@ RUNTIME = ("runtime.docker_start",)
 LOAD = ("load.steady",)
 CI = ("ci.pipeline",)
 AIOPS = ("aiops.failure_prediction",)
-CLUSTER = ("cluster.hollow",)
+CLUSTER = ("cluster.hollow", "cluster.failover")
 BENCHMARKS = ("scheduler", "replay", *LIFECYCLE, *API, *RUNTIME, *MONITORING, *PREFECT, *LOAD, *CI, *AIOPS, *CLUSTER)
 GROUPS = {"lifecycle": LIFECYCLE, "api": API, "runtime": RUNTIME, "monitoring": MONITORING, "prefect": PREFECT,
           "load": LOAD, "ci": CI, "aiops": AIOPS, "cluster": CLUSTER}
@@ -81,6 +81,8 @@ SCHEDULER_NODES = (1000, 5000, 10000)
 HOLLOW_NODES = (1000, 5000)
 QUICK_HOLLOW_NODES = (40,)
 HOLLOW_PROCESSES = {5000: 2}
+#: cluster.failover: kills of the leader (bench/failover.py), and with --quick.
+FAILOVER_KILLS, FAILOVER_KILLS_QUICK = 10, 2
 SCHEDULER_SAMPLES = 20000
 QUICK_SCHEDULER_NODES = (200,)
 QUICK_SCHEDULER_SAMPLES = 1000
@@ -485,13 +487,13 @@ def run_api(which: set[str], quick: bool, errors: list[str]) -> dict:
 def run_cluster(which: set[str], quick: bool, sizes: list[int] | None, errors: list[str]) -> dict:
     """``cluster.hollow`` (bench/cluster.py): one control plane against N hollow nodes, for N in
     ``sizes`` (default 1,000 and 5,000; 40 with --quick, with shorter windows); each size's numbers
-    under ``hollow_<N>``. A size that fails is added to ``errors`` and leaves its key out."""
+    under ``hollow_<N>``; and ``cluster.failover`` (bench/failover.py, root only: kill -9 of the
+    leader replica, :data:`FAILOVER_KILLS` times) under ``failover_s``. A size or run that fails is
+    added to ``errors`` and leaves its key out."""
     section: dict = {}
-    if "cluster.hollow" not in which:
-        return section
     import cluster
 
-    for n in sizes or (QUICK_HOLLOW_NODES if quick else HOLLOW_NODES):
+    for n in (sizes or (QUICK_HOLLOW_NODES if quick else HOLLOW_NODES)) if "cluster.hollow" in which else ():
         try:
             kw = {"idle_s": 5.0, "stream_s": 5.0, "burst_jobs": 40} if quick else {}
             d = cluster.measure_hollow(n, processes=HOLLOW_PROCESSES.get(n, 1), **kw)
@@ -508,6 +510,17 @@ def run_cluster(which: set[str], quick: bool, sizes: list[int] | None, errors: l
             )
         except Exception:
             errors.append(f"cluster.hollow_{n}")
+            traceback.print_exc()
+    if "cluster.failover" in which and os.geteuid() == 0:  # hosts are network namespaces: root only
+        import failover
+
+        try:
+            f = failover.run(FAILOVER_KILLS_QUICK if quick else FAILOVER_KILLS)
+            section["failover_s"], section["failover_method"] = f["failover_s"], f["method"]
+            print(f"cluster failover_s: p50 {f['failover_s']['p50']} p99 {f['failover_s']['p99']} max "
+                  f"{f['failover_s']['max']} s over {f['failover_s']['n']} kills", flush=True)
+        except Exception:
+            errors.append("cluster.failover")
             traceback.print_exc()
     return section
 
