@@ -56,6 +56,7 @@ def _write_public(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
+        os.fchmod(fd, 0o644)  # readable by all whatever the umask (a CLI process runs under 077)
         with os.fdopen(fd, "wb") as out:
             out.write(data)
     except BaseException:

@@ -45,21 +45,13 @@ def test_the_control_plane_runs_with_umask_077(seen: list[int], monkeypatch: pyt
 
 
 def test_the_agent_runs_with_umask_077(seen: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    import httpx
-
+    from apiary.client import ApiaryClient
     from apiary.runtime import agent
-
-    class Nodes:
-        def raise_for_status(self) -> None:
-            pass
-
-        def json(self) -> list[dict[str, Any]]:
-            return [{"name": "n1", "gpus": 1}]
 
     async def run_agents(*args: Any, **kwargs: Any) -> None:
         seen.append(_current_umask())
 
-    monkeypatch.setattr(httpx, "get", lambda *a, **kw: Nodes())
+    monkeypatch.setattr(ApiaryClient, "nodes", lambda self: [{"name": "n1", "gpus": 1}])
     monkeypatch.setattr(agent, "run_agents", run_agents)
     result = CliRunner().invoke(cli.app, ["agent", "--api", "http://127.0.0.1:1", "--all-nodes"])
     assert result.exit_code == 0, result.output
