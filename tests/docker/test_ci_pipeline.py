@@ -285,10 +285,11 @@ def test_broken_control_plane_fails_staging_and_is_rolled_back_from_production(c
     def break_start(src: Path) -> None:
         main = src / "platform" / "apiary" / "cli" / "main.py"
         text = main.read_text()
-        line = 'def control_plane(port: int = typer.Option(8470), host: str = typer.Option("127.0.0.1")) -> None:\n'
-        assert line in text
+        # the first statement of the control-plane command: right after its signature's last line
+        start = text.index("def control_plane(")
+        end = text.index(") -> None:\n", start) + len(") -> None:\n")
         broken = '    raise SystemExit("a change that breaks the control plane start")\n'
-        main.write_text(text.replace(line, line + broken))
+        main.write_text(text[:end] + broken + text[end:])
 
     sha = repo.pull_request("breaks-control-plane", break_start)
     open_pr(ci, repo, sha, 103, "breaks-control-plane")
