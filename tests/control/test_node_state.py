@@ -37,7 +37,7 @@ def test_a_fault_injected_after_a_restart_is_applied(h1: Harness) -> None:
     agent = agent_for(DAN)
     first = h.plane.inject_fault(DAN, 0, ecc_dbe=1)
     agent._apply_faults(h.plane.node_faults(DAN))
-    assert dbe(agent) == 1 and agent._faults_applied == first["id"]
+    assert dbe(agent) == 1 and agent.faults.applied == first["id"]
 
     h = h.restart()  # the agent keeps running, with its high-water mark
     assert h.plane.node_faults(DAN) == [first]  # still queued: the agent has not reported it applied

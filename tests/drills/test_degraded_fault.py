@@ -94,7 +94,7 @@ def test_the_agent_slows_down_only_tasks_on_the_degraded_gpu() -> None:
                       assignment("r-none", [])])
     env = {run: e.get(SLOWDOWN_ENV) for run, e in backend.launched.items()}
     assert env == {"r-gpu0": None, "r-gpu1": "2.5", "r-both": "2.5", "r-none": "2.5"}
-    assert agent._faults_applied == 1
+    assert agent.faults.applied == 1
     agent._apply_faults([{"id": 1, "gpu": 1, "degraded": 9}, {"id": 2, "gpu": 1, "clear": True}])  # 1: seen
     agent._reconcile([assignment("r-later", [1])])
-    assert SLOWDOWN_ENV not in backend.launched["r-later"] and agent._faults_applied == 2
+    assert SLOWDOWN_ENV not in backend.launched["r-later"] and agent.faults.applied == 2

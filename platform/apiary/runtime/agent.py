@@ -57,7 +57,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import httpx
 
@@ -66,6 +66,7 @@ from apiary.errors import UnavailableError, ValidationError
 from apiary.lifecycle import EXIT_LAUNCH_FAILED, EXIT_LIVENESS_FAILED, EXIT_NODE_LOST
 from apiary.procutil import write_probe
 from apiary.runtime.base import RuntimeBackend, TaskLaunch, TaskStatus
+from apiary.runtime.faults import SimulatedFaults
 from apiary.runtime.link import (
     DEFAULT_NODE_LOST_AFTER_S,
     EXCHANGE_TIMEOUT_MAX_S,
@@ -172,10 +173,8 @@ class NodeAgent:
         self._report_now = asyncio.Event()
         self._last_beat = 0.0
         self.metrics_url = metrics_url
-        self.exporter: NodeExporter | None = None  # set by run_agents when metrics are served
         self._labels: dict[str, dict] = {}  # run_id -> metric labels and gpus, from the assignments
-        self._faults_applied = 0
-        self._degraded: dict[int, float] = {}  # GPU -> simulated slowdown factor (fault `degraded`)
+        self.faults = SimulatedFaults(node)  # injected simulated-GPU faults (apiary.runtime.faults)
         self.prober = Prober()  # Kubernetes-style liveness / readiness probes of running tasks
         self._liveness_failed: dict[str, str] = {}
         # Why the backend cannot record runs (None: it can), and when that was last probed (monotonic).
@@ -335,33 +334,17 @@ class NodeAgent:
             if st.state == "running" and st.pid and st.run_id in self._labels
         ]
 
-    def _apply_faults(self, faults: list[dict]) -> None:
-        """Apply injected simulated-GPU faults queued by the control plane, each once, in order.
+    @property
+    def exporter(self) -> NodeExporter | None:
+        """The node's metrics exporter, set by run_agents when metrics are served (faults go to it)."""
+        return cast("NodeExporter | None", self.faults.exporter)
 
-        ``degraded`` (a slowdown factor) is also kept here, exporter or not: tasks launched later on
-        that GPU get ``APIARY_SIMULATED_SLOWDOWN`` (:meth:`slowdown`); ``clear`` resets it."""
-        for f in faults:
-            if f["id"] <= self._faults_applied:
-                continue
-            self._faults_applied = f["id"]
-            if f.get("clear"):
-                self._degraded.pop(f["gpu"], None)
-            elif f.get("degraded") is not None:
-                self._degraded[f["gpu"]] = float(f["degraded"])
-                logger.info("node=%s gpu=%s degraded x%s (simulated)", self.node, f["gpu"], f["degraded"])
-            if self.exporter is None or self.exporter.simulated is None:
-                if f.get("degraded") is None:
-                    logger.warning("node=%s fault %s ignored: no simulated GPUs", self.node, f)
-                continue
-            kinds = {k: v for k, v in f.items() if k not in ("id", "gpu", "clear")}
-            try:
-                if f.get("clear"):
-                    self.exporter.clear(f["gpu"])
-                else:
-                    self.exporter.inject(f["gpu"], **kinds)
-                logger.info("node=%s fault applied %s", self.node, f)
-            except (ValueError, TypeError) as e:
-                logger.warning("node=%s fault %s rejected: %s", self.node, f, e)
+    @exporter.setter
+    def exporter(self, value: NodeExporter | None) -> None:
+        self.faults.exporter = value
+
+    def _apply_faults(self, faults: list[dict]) -> None:
+        self.faults.apply(faults)
 
     def _reconcile(self, assignments: list[dict]) -> None:
         """Make the node run exactly ``assignments`` (the control plane's list of ``{"runId",
@@ -504,16 +487,10 @@ class NodeAgent:
             self._stop_async(run_id)
             self._report_now.set()
 
-    def slowdown(self, gpus: list[int]) -> float:
-        """The simulated slowdown factor of a task on ``gpus`` (the largest ``degraded`` fault among
-        them; for a task without GPUs, the node's largest); 1.0 when none is degraded."""
-        factors = [self._degraded.get(g, 1.0) for g in gpus] if gpus else list(self._degraded.values())
-        return max(factors, default=1.0)
-
     def _env(self, env: dict[str, str], gpus: list[int] | None = None) -> dict[str, str]:
         # A degraded GPU (simulated fault): the task is told how much slower it should run. Only
         # programs that read it slow down (the stress drill's benchmark does); nothing else changes.
-        factor = self.slowdown(list(gpus or []))
+        factor = self.faults.slowdown(list(gpus or []))
         if factor != 1.0:
             env = {**env, SLOWDOWN_ENV: f"{factor:g}"}
         # Process mode: the platform's own Python environment is the task's "image", so a job's
@@ -603,7 +580,7 @@ class NodeAgent:
             "simulatedGpus": self.simulated_gpus,
             "address": self.address,
             # The high-water mark of applied fault ids: the control plane drops those from its queue.
-            "faultsApplied": self._faults_applied or None,
+            "faultsApplied": self.faults.applied or None,
             # Why this node cannot record runs (it launches nothing new meanwhile); None: it can.
             "cannotRecord": problem,
             "runs": [
