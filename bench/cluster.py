@@ -63,6 +63,13 @@ BURST_JOBS, BURST_CLIENTS = 400, 4
 SUBMIT_TIMEOUT_S = 30.0  # a submission not answered by then counts as an error
 BURST_MAX_S = 30.0  # no burst submission starts later than this
 SETTLE_S = 5.0  # after every node is ready, before the idle window: the start-up storm passes
+#: The fleet's agent settings (APIARY_AGENT_HEARTBEAT_S / APIARY_AGENT_LONG_POLL_S): Kubernetes' kubelet
+#: renews its node lease every 10 s (a quarter of the 40 s lease), and its watches last minutes; the
+#: assignments API allows a 60 s long poll. A 2 s heartbeat (the one-machine default) from 5,000 nodes
+#: is 2,500 reports/s, more than this 2-core machine can send and answer at once.
+HEARTBEAT_S, LONG_POLL_S = 10.0, 60.0
+#: APIARY_NODE_LOST_AFTER_S: kube-controller-manager's --node-monitor-grace-period (40 s).
+NODE_LOST_AFTER_S = 40.0
 
 
 def percentile(values: list[float], p: float) -> float | None:
@@ -260,7 +267,7 @@ class Deployment:
 
 def start_control_plane(root: Path, nodes: int, database: str, profile: Path | None = None,
                         timeout_s: float = 600.0, auth_cache_ttl_s: float | None = None,
-                        leader_elect: bool = False) -> Deployment:
+                        leader_elect: bool = False, node_lost_after_s: float = NODE_LOST_AFTER_S) -> Deployment:
     """PostgreSQL (``database="postgresql"``) or SQLite, and ``apiary control-plane`` on a free
     loopback port in ``root/home`` with a generated ``nodes``-node cluster; returns once ``/healthz``
     answers (the bootstrap has written every agent token by then). ``profile``: run the control
@@ -274,7 +281,8 @@ def start_control_plane(root: Path, nodes: int, database: str, profile: Path | N
     (home / "cluster.yaml").write_text(cluster_yaml(nodes))
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("APIARY_", "PREFECT_"))},
            "APIARY_HOME": str(home), "PYTHONUNBUFFERED": "1", **UNLIMITED,
-           "APIARY_LEADER_ELECT": "true" if leader_elect else "false"}
+           "APIARY_LEADER_ELECT": "true" if leader_elect else "false",
+           "APIARY_NODE_LOST_AFTER_S": str(node_lost_after_s)}
     pg_port, pg_stop = None, None
     if database == "postgresql":
         pg = _pg_module()
@@ -316,14 +324,17 @@ def start_control_plane(root: Path, nodes: int, database: str, profile: Path | N
     return dep
 
 
-def start_hollow(dep: Deployment, root: Path, processes: int) -> list[Path]:
-    """``processes`` hollow-node processes, shard K/M of every node each; returns their stats files."""
+def start_hollow(dep: Deployment, root: Path, processes: int, heartbeat_s: float = HEARTBEAT_S,
+                 long_poll_s: float = LONG_POLL_S) -> list[Path]:
+    """``processes`` hollow-node processes, shard K/M of every node each, beating every ``heartbeat_s``
+    and long-polling up to ``long_poll_s``; returns their stats files."""
     stats = []
     for k in range(processes):
         path = root / f"hollow-{k}.json"
         log = root / f"hollow-{k}.log"
         cmd = [sys.executable, "-m", "apiary.cli.hollow", "--api", dep.api, "--shard", f"{k}/{processes}",
-               "--credentials", str(dep.home / "credentials"), "--stats", str(path)]
+               "--credentials", str(dep.home / "credentials"), "--stats", str(path),
+               "--heartbeat-s", str(heartbeat_s), "--long-poll-s", str(long_poll_s)]
         env = {**{k2: v for k2, v in os.environ.items() if not k2.startswith("APIARY_")}, "PYTHONUNBUFFERED": "1"}
         with log.open("wb") as out:
             dep.hollow.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=root))
@@ -408,7 +419,8 @@ def _window(beats: list[tuple[float, float]], t0: float, t1: float) -> list[floa
 def measure_hollow(nodes: int, *, processes: int = 1, database: str = "postgresql", idle_s: float = IDLE_S,
                    stream_rate: float = STREAM_RATE, stream_s: float = STREAM_S, job_sleep_s: float = JOB_SLEEP_S,
                    burst_jobs: int = BURST_JOBS, burst_clients: int = BURST_CLIENTS, profile: Path | None = None,
-                   ready_timeout_s: float | None = None, auth_cache_ttl_s: float | None = None) -> dict:
+                   ready_timeout_s: float | None = None, auth_cache_ttl_s: float | None = None,
+                   heartbeat_s: float = HEARTBEAT_S, long_poll_s: float = LONG_POLL_S) -> dict:
     """One run at ``nodes`` hollow nodes; returns the ``cluster.hollow_<nodes>`` object (keys in
     bench/README.md). Raises when the deployment cannot start or a hollow process dies; waits for
     the nodes to be ready at most ``ready_timeout_s`` (default 120 s + 30 ms per node)."""
@@ -419,7 +431,7 @@ def measure_hollow(nodes: int, *, processes: int = 1, database: str = "postgresq
         dep = start_control_plane(root, nodes, database, profile=profile, auth_cache_ttl_s=auth_cache_ttl_s)
         try:
             return _measure(dep, root, nodes, processes, database, idle_s, stream_rate, stream_s, job_sleep_s,
-                            burst_jobs, burst_clients, ready_timeout_s)
+                            burst_jobs, burst_clients, ready_timeout_s, heartbeat_s, long_poll_s)
         finally:
             dep.stop()
             # kept for a post-mortem: the temporary directory goes
@@ -429,7 +441,7 @@ def measure_hollow(nodes: int, *, processes: int = 1, database: str = "postgresq
 
 def _measure(dep: Deployment, root: Path, nodes: int, processes: int, database: str, idle_s: float,
              stream_rate: float, stream_s: float, job_sleep_s: float, burst_jobs: int, burst_clients: int,
-             ready_timeout_s: float) -> dict:
+             ready_timeout_s: float, heartbeat_s: float, long_poll_s: float) -> dict:
     admin = ApiaryClient(dep.api, timeout=120, token=(dep.home / "token").read_text().strip())
     admin.create_user(BENCH_USER)
     token = admin.create_token(BENCH_USER, description="bench", expires_in_s=None)["token"]
@@ -440,7 +452,7 @@ def _measure(dep: Deployment, root: Path, nodes: int, processes: int, database: 
         "postgres": lambda: _postgres_procs(dep.pg_port),
         "hollow": lambda: [psutil.Process(p.pid) for p in dep.hollow if p.poll() is None],
     }
-    stats_paths = start_hollow(dep, root, processes)
+    stats_paths = start_hollow(dep, root, processes, heartbeat_s, long_poll_s)
     t_hollow = time.monotonic()
     ready_s, ready_nodes = wait_ready(admin, nodes, dep, ready_timeout_s)
     logger.info("%d/%d hollow nodes ready after %.1f s", ready_nodes, nodes, ready_s)
@@ -550,7 +562,8 @@ def _measure(dep: Deployment, root: Path, nodes: int, processes: int, database: 
         "hollow_loop_lag_p99_ms": _ms(lag, 99),
         "hollow_cpu_cores_mean": round(hollow_cpu / hollow_wall, 3) if hollow_wall else None,
         "settings": {"idle_s": idle_s, "stream_rate": stream_rate, "stream_s": stream_s, "job_sleep_s": job_sleep_s,
-                     "burst_jobs": burst_jobs, "burst_clients": burst_clients, "settle_s": SETTLE_S},
+                     "burst_jobs": burst_jobs, "burst_clients": burst_clients, "settle_s": SETTLE_S,
+                     "heartbeat_s": heartbeat_s, "long_poll_s": long_poll_s, "node_lost_after_s": NODE_LOST_AFTER_S},
     }
     admin.close()
     client.close()
@@ -570,8 +583,9 @@ def method(obj: dict) -> str:
         f"All on ONE machine ({os.cpu_count()} cores), over loopback, not separate hosts: one `apiary control-plane` "
         f"process (the leader; its store {db}) with a generated HiveD cluster of {obj.get('nodes')} nodes x 8 GPUs "
         f"(racks of 40, 4 VCs 40/30/20/10 %), and {obj.get('nodes')} hollow node agents "
-        f"(apiary.runtime.hollow: NodeAgent over a timer backend, the real agent's HTTP calls, heartbeat every 2 s, "
-        f"assignments long poll of 10 s) in {obj.get('hollow_processes')} process(es) sharing one httpx client each. "
+        f"(apiary.runtime.hollow: NodeAgent over a timer backend, the real agent's HTTP calls, heartbeat every "
+        f"{st.get('heartbeat_s')} s, assignments long poll of up to {st.get('long_poll_s')} s, node-lost grace "
+        f"{st.get('node_lost_after_s')} s: Kubernetes' kubelet lease renewal and node-monitor grace) in {obj.get('hollow_processes')} process(es) sharing one httpx client each. "
         f"After every node was ready and {st.get('settle_s')} s more: idle window {st.get('idle_s')} s; then a stream "
         f"of 1-GPU 'sleep {st.get('job_sleep_s')}' jobs at {st.get('stream_rate')}/s for {st.get('stream_s')} s "
         f"(4 paced REST clients; none started after {st.get('stream_s')} + 5 s); then a burst of up to "
@@ -634,6 +648,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle-s", type=float, default=IDLE_S)
     ap.add_argument("--stream-s", type=float, default=STREAM_S)
     ap.add_argument("--burst-jobs", type=int, default=BURST_JOBS)
+    ap.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_S)
+    ap.add_argument("--long-poll-s", type=float, default=LONG_POLL_S)
     ap.add_argument("--profile", type=Path, help="cProfile the control plane into this file")
     ap.add_argument("--auth-cache-ttl", type=float, help="experiment: the control plane's token cache TTL (s)")
     ap.add_argument("--profiled-control-plane", type=Path, help=argparse.SUPPRESS)
@@ -648,7 +664,8 @@ def main(argv: list[str] | None = None) -> int:
     r = measure_hollow(args.nodes, processes=args.processes, database="sqlite" if args.sqlite else "postgresql",
                        idle_s=args.idle_s, stream_s=args.stream_s, burst_jobs=args.burst_jobs,
                        profile=args.profile.resolve() if args.profile else None,
-                       auth_cache_ttl_s=args.auth_cache_ttl)
+                       auth_cache_ttl_s=args.auth_cache_ttl, heartbeat_s=args.heartbeat_s,
+                       long_poll_s=args.long_poll_s)
     print(json.dumps(r, indent=2))
     return 0
 

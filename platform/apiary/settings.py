@@ -66,6 +66,13 @@ class Settings(BaseSettings):
     node_lost_after_s: float = Field(
         default=30.0, description="A node whose agent has not reported for this long is lost; its tasks are retried."
     )
+    agent_heartbeat_s: float = Field(
+        default=2.0, ge=0.5, le=60.0,
+        description="Node agents: seconds between bare heartbeats (shortened to a third of the time before the "
+                    "agent fences itself). Kubelet renews its node lease every 10 s; thousands of nodes beat so.")
+    agent_long_poll_s: float = Field(
+        default=10.0, ge=1.0, le=60.0,
+        description="Node agents: seconds one assignments long poll may wait for a change (the API allows <= 60).")
     alert_actions: Path | None = Field(
         default=None, description="Alert actions config (YAML); default the packaged default-actions.yaml."
     )

@@ -179,9 +179,10 @@ def test_answers_round_trip_through_their_models_and_equal_the_plane(client: Tes
 
 def test_node_report_passes_the_fault_high_water_mark(client: TestClient, plane: ControlPlane,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[dict] = []
-    real = plane.node_report
-    monkeypatch.setattr(plane, "node_report", lambda node, **kw: seen.append(kw) or real(node, **kw))
+    seen: list[dict] = []  # reports node_report took, or bare_heartbeat when it changes nothing stored
+    real_report, real_beat = plane.node_report, plane.bare_heartbeat
+    monkeypatch.setattr(plane, "node_report", lambda node, **kw: seen.append(kw) or real_report(node, **kw))
+    monkeypatch.setattr(plane, "bare_heartbeat", lambda node, **kw: real_beat(node, **kw) and not seen.append(kw))
     report(client, "hostname-dan", faultsApplied=3)
     report(client, "hostname-dan")
     assert [kw["faults_applied"] for kw in seen] == [3, None]

@@ -78,13 +78,15 @@ def hollow_nodes(
     ),
     ca_cert: Path | None = typer.Option(None, help="Verify the control plane's HTTPS against this CA certificate."),
     heartbeat_s: float | None = typer.Option(None, help="Heartbeat period (s; default and minimum: the agent's)."),
+    long_poll_s: float | None = typer.Option(None, min=1, max=60,
+                                             help="Assignments long-poll wait (s; default the agent's)."),
     stats: Path | None = typer.Option(None, help="On exit, write what the hollow agents measured here (JSON)."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run hollow node agents (simulated GPUs, tasks that are timers: sleep N runs N seconds, then
     exits 0) in this process, each heartbeating and long-polling like a real agent. SIGTERM or
     SIGINT stops them (and writes --stats)."""
-    from apiary.runtime.agent import HEARTBEAT_S
+    from apiary.runtime.agent import HEARTBEAT_S, LONG_POLL_S
     from apiary.runtime.hollow import run_hollow_nodes
 
     setup_logging(verbose)
@@ -107,7 +109,7 @@ def hollow_nodes(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         report = await run_hollow_nodes(urls, nodes, tokens, stop=stop, ca_cert=ca_cert,
-                                        heartbeat_s=heartbeat_s or HEARTBEAT_S)
+                                        heartbeat_s=heartbeat_s or HEARTBEAT_S, long_poll_s=long_poll_s or LONG_POLL_S)
         return report.to_dict()
 
     out = asyncio.run(main())

@@ -289,6 +289,7 @@ def agent(
                 kill_tasks_on_exit=True, metrics_ports=ports, tokens=tokens, runtime=runtime, image_map=images,
                 metrics_host=metrics_host, verify=http_verify(ca), self_fence=self_fence,
                 node_lost_after_s=_settings().node_lost_after_s, metrics_tls=metrics_tls,
+                heartbeat_s=_settings().agent_heartbeat_s, long_poll_s=_settings().agent_long_poll_s,
             )
             for group, simulated in groups if group
         ))

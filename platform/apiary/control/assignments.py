@@ -6,6 +6,8 @@ they name, and the attempt's other runs only for a job of more than one instance
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sqlalchemy import and_, select
 
 from apiary.control.cache import PlaneCache
@@ -21,8 +23,31 @@ from apiary.store.unit import reading
 class Assignments:
     """The agents' view of the plane's ``cache``: :meth:`assignments` of a node."""
 
-    def __init__(self, cache: PlaneCache) -> None:
+    def __init__(self, cache: PlaneCache, node_faults: Callable[[str], list[dict]]) -> None:
         self.cache = cache
+        self.node_faults = node_faults
+
+    def answer(self, node: str) -> dict:
+        """The long poll's answer for ``node``: ``{"generation", "assignments", "faults"}``.
+
+        An answer without runs is kept in memory for its generation (``cache.answers``), so an
+        idle node's poll that ran out its wait reads nothing from the store. That is safe because
+        a run reaches a node only by a placement, and that commit, like queueing a fault, bumps
+        the node's generation (:meth:`PlaneCache.flush_notifications`, after the commit); the
+        generation is read before the store, so a kept answer is never older than its generation.
+        An answer with runs is read afresh every time: a run that ends (its task final) leaves it
+        without a bump. Faults the agent applied leave the store without a bump too; a kept
+        answer may still list them, and the agent skips ids at or below its high-water mark."""
+        gen = self.cache.generation.get(node, 0)
+        kept = self.cache.answers.get(node)
+        if kept is not None and kept[0] == gen:
+            return kept[1]
+        answer = {"generation": gen, "assignments": self.assignments(node), "faults": self.node_faults(node)}
+        if answer["assignments"]:
+            self.cache.answers.pop(node, None)
+        else:
+            self.cache.answers[node] = (gen, answer)
+        return answer
 
     def assignments(self, node: str) -> list[dict]:
         """The task runs ``node`` should be running now, with everything needed to launch them.

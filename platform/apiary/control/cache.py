@@ -93,6 +93,10 @@ class PlaneCache:
         self.heartbeats: dict[str, float] = {}  # node -> exact time of its last report (memory only)
         self.heard: dict[str, float] = {}  # node -> its last report on the elapsed clock (memory only)
         self.reported: dict[str, Seen] = {}  # node -> what its row says (a cache of committed facts)
+        #: node -> its ``heard`` value when it was found lost (unhealthy since; a report moves ``heard`` on).
+        self.settled_lost: dict[str, float] = {}
+        #: node -> (generation, its assignments answer): what the node's long poll read at that generation.
+        self.answers: dict[str, tuple[int, dict]] = {}
         #: node -> (why its agent says it cannot record runs, when it said so): every report says it again.
         self.cannot_record: dict[str, tuple[str, float]] = {}
         self.generation: dict[str, int] = {}

@@ -47,6 +47,8 @@ class ClusterService:
             if dropped:
                 logger.error("recover: placements the scheduler cannot hold: %s", dropped)
             self.cache.reported.clear()
+            self.cache.settled_lost.clear()
+            self.cache.answers.clear()
             heard = self.cache.elapsed()
             for row in s.scalars(select(Node)):
                 self.cache.heartbeats[row.name] = now

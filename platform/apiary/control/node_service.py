@@ -59,10 +59,15 @@ class NodeService:
         agent fenced the run itself, :mod:`apiary.runtime.link`) is acknowledged and changes
         nothing: the task is final (:meth:`node_report`)."""
         now = self.cache.elapsed()
-        lost = sorted(n for n, seen in self.cache.heard.items()  # (a reconfig drops nodes)
-                      if now - seen > self.cache.node_lost_after_s and n in self.cache.node_names)
+        settled = self.cache.settled_lost
+        # A copy: bare heartbeats store into ``heard`` without the lock (:meth:`bare_heartbeat`). A node
+        # found lost already at its current silence is settled: no store read for it every cycle.
+        lost = sorted(n for n, seen in list(self.cache.heard.items())  # (a reconfig drops nodes)
+                      if now - seen > self.cache.node_lost_after_s and n in self.cache.node_names
+                      and settled.get(n) != seen)
         if not lost:
             return
+        silent_since = {n: self.cache.heard[n] for n in lost}
         with self.cache.work("node lost") as w:
             s = w.s
             for name in lost:
@@ -79,12 +84,34 @@ class NodeService:
                 )))
                 for job_id in job_ids:
                     w.step(job_id, NodeLost(name))
-            if not w.ops:
-                return
-            w.commit()
-            for name in lost:
-                if name in self.cache.reported:
-                    self.cache.reported[name] = replace(self.cache.reported[name], healthy=False)
+            if w.ops:
+                w.commit()
+        settled.update(silent_since)  # unhealthy now (or already): nothing more to do until it reports
+        for name in lost:
+            if name in self.cache.reported:
+                self.cache.reported[name] = replace(self.cache.reported[name], healthy=False)
+
+    def bare_heartbeat(self, node: str, *, gpus: int, simulated_gpus: bool, address: str, agent_id: str,
+                       metrics_url: str | None = None, faults_applied: int | None = None) -> bool:
+        """Take a report without runs, logs or trouble in memory only, without the plane's lock,
+        when the node's row already says all it says (healthy, same facts, a heartbeat written
+        within :data:`~apiary.control.nodes.HEARTBEAT_PERSIST_S`, no newly applied faults). True when
+        taken (answer ``{"ack": []}``); False: the caller must send it through :meth:`node_report`.
+
+        Only plain dict stores happen here (atomic under the GIL), so a heartbeat never waits
+        behind a scheduling cycle or a commit that holds the lock; a loss check racing with it sees
+        the previous report, as if this one had come a moment later. Raises NotFoundError for a
+        node the cluster config does not declare."""
+        self.cache.known_node(node)
+        seen = self.cache.reported.get(node)
+        now = self.cache.clock()
+        if (seen is None or not seen.healthy or seen.info != (gpus, simulated_gpus, address, agent_id, metrics_url)
+                or now - seen.beat >= HEARTBEAT_PERSIST_S or node in self.cache.cannot_record
+                or (faults_applied is not None and faults_applied != seen.faults_applied)):
+            return False
+        self.cache.heartbeats[node] = now
+        self.cache.heard[node] = self.cache.elapsed()
+        return True
 
     def node_report(self, node: str, *, gpus: int, simulated_gpus: bool, address: str, agent_id: str,
                     runs: Iterable[dict], metrics_url: str | None = None, faults_applied: int | None = None,

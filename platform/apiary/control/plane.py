@@ -77,7 +77,7 @@ class ControlPlane:
         self.jobs = JobService(self.cache, max_instances=max_instances)
         self.nodes = NodeService(self.cache)
         self.scheduling = SchedulingCycle(self.cache, self.nodes.check_lost_nodes)
-        self.agents = Assignments(self.cache)
+        self.agents = Assignments(self.cache, self.nodes.node_faults)
         self.logs = LogService(self.cache, logs_dir)
         self.clusters = ClusterService(self.cache, config_path=config_path)
         # The names callers use, each its service's method.
@@ -103,6 +103,8 @@ class ControlPlane:
         self.node_faults = self.nodes.node_faults
         self.inject_fault = self.nodes.inject_fault
         self.assignments = self.agents.assignments
+        self.assignments_answer = self.agents.answer
+        self.bare_heartbeat = self.nodes.bare_heartbeat
         self.append_log = self.logs.append_log
         self.append_logs = self.logs.append_logs
         self.read_logs = self.logs.read_logs

@@ -126,6 +126,11 @@ class NodeAgent:
     that is not loopback.
     """
 
+    #: Bare heartbeat period (s) and long-poll wait (s; the API allows <= 60); run_agents sets them from
+    #: the agent's settings (a fleet of thousands beats less often, as kubelet renews its lease every 10 s).
+    heartbeat_s: float = HEARTBEAT_S
+    long_poll_s: float = LONG_POLL_S
+
     def __init__(
         self,
         node: str,
@@ -215,11 +220,11 @@ class NodeAgent:
         return r
 
     def heartbeat_period_s(self) -> float:
-        """Seconds between bare heartbeats: HEARTBEAT_S, or a third of the time before the fence
+        """Seconds between bare heartbeats: :attr:`heartbeat_s`, or a third of the time before the fence
         when that is shorter (a short grace), so that two lost heartbeats in a row never fence."""
         if not self.self_fence:
-            return HEARTBEAT_S
-        return max(0.1, min(HEARTBEAT_S, self.contact.fence_after_s() / 3))
+            return self.heartbeat_s
+        return max(0.1, min(self.heartbeat_s, self.contact.fence_after_s() / 3))
 
     def _exchange_timeout_s(self) -> float:
         """Timeout of one report or log upload, seconds: bounded by the grace while self-fencing
@@ -297,10 +302,10 @@ class NodeAgent:
     async def _watch_once(self, generation: int | None, backoff: float) -> tuple[int | None, float]:
         """One long poll of the assignments and their reconcile; returns the next ``(generation,
         backoff)``. Raises whatever applying a malformed answer raises (``_watch`` logs it)."""
-        params = {} if generation is None or self.fenced else {"generation": generation, "wait": LONG_POLL_S}
+        params = {} if generation is None or self.fenced else {"generation": generation, "wait": self.long_poll_s}
         # The connection itself gets the exchange timeout: a replica that swallows packets is
         # left as soon as a report to it would be.
-        timeout = httpx.Timeout(LONG_POLL_S + 5, connect=min(LONG_POLL_S + 5, self._exchange_timeout_s()))
+        timeout = httpx.Timeout(self.long_poll_s + 5, connect=min(self.long_poll_s + 5, self._exchange_timeout_s()))
         try:
             r = await self._request("GET", f"/api/v2/nodes/{self.node}/assignments", params=params, timeout=timeout)
             data = r.json()
@@ -906,6 +911,8 @@ async def run_agents(
     self_fence: bool | None = None,
     node_lost_after_s: float = DEFAULT_NODE_LOST_AFTER_S,
     metrics_tls: tuple[Path, Path] | None = None,
+    heartbeat_s: float = HEARTBEAT_S,
+    long_poll_s: float = LONG_POLL_S,
 ) -> None:
     """Run one :class:`NodeAgent` per entry of ``nodes`` (name -> GPU count) in this process,
     each with a :class:`~apiary.runtime.process.ProcessBackend` under ``state_dir/<node>``.
@@ -927,7 +934,8 @@ async def run_agents(
     CA; True: the system's CAs). ``self_fence``: as :class:`NodeAgent` (None: on unless every URL
     is loopback). ``node_lost_after_s``: the grace assumed until a control plane names its own;
     each node's last contact is kept in ``state_dir/<node>.contact.json``
-    (:class:`~apiary.runtime.link.ContactClock`). Raises
+    (:class:`~apiary.runtime.link.ContactClock`). ``heartbeat_s`` / ``long_poll_s``: every agent's
+    :attr:`NodeAgent.heartbeat_s` and :attr:`NodeAgent.long_poll_s`. Raises
     :class:`~apiary.errors.PlaintextTokenError` when a token would go over plain HTTP to a host
     that is not loopback, :class:`~apiary.errors.ValidationError` for a malformed URL.
     """
@@ -953,6 +961,8 @@ async def run_agents(
             )
             for name, gpus in nodes.items()
         ]
+        for agent in agents:
+            agent.heartbeat_s, agent.long_poll_s = heartbeat_s, long_poll_s
         servers = []
         for agent in agents:
             if metrics_ports is None:

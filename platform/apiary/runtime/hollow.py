@@ -57,7 +57,7 @@ from typing import Any
 import httpx
 
 from apiary.errors import PlatformError, ValidationError
-from apiary.runtime.agent import HEARTBEAT_S, NodeAgent
+from apiary.runtime.agent import HEARTBEAT_S, LONG_POLL_S, NodeAgent
 from apiary.runtime.base import LogStream, RuntimeBackend, TaskLaunch, TaskStatus
 from apiary.runtime.records import RUN_ID_RE
 
@@ -224,16 +224,18 @@ class HollowAgent(NodeAgent):
     """A :class:`NodeAgent` over a :class:`HollowBackend`: same HTTP calls, own latencies in
     :attr:`stats`. ``heartbeat_s``: the period of bare heartbeats (default and minimum: the real
     agent's :data:`~apiary.runtime.agent.HEARTBEAT_S`); ``phase_s``: delay before the first report
-    (spreads many agents' heartbeats over the period, as independently booted nodes are)."""
+    (spreads many agents' heartbeats over the period, as independently booted nodes are);
+    ``long_poll_s``: the assignments long poll's wait (:attr:`NodeAgent.long_poll_s`)."""
 
     def __init__(self, node: str, api_url: str, backend: HollowBackend, client: httpx.AsyncClient, *,
-                 token: str | None = None, heartbeat_s: float = HEARTBEAT_S, phase_s: float = 0.0) -> None:
+                 token: str | None = None, heartbeat_s: float = HEARTBEAT_S, phase_s: float = 0.0,
+                 long_poll_s: float = LONG_POLL_S) -> None:
         if heartbeat_s < HEARTBEAT_S:
             raise ValidationError("heartbeat_s", f"must be >= the agent's {HEARTBEAT_S} s")
         super().__init__(node, api_url, backend, client, gpus=backend.gpus, simulated_gpus=True,
                          address="127.0.0.1", token=token)
         self.hollow = backend
-        self.heartbeat_s = heartbeat_s
+        self.heartbeat_s, self.long_poll_s = heartbeat_s, long_poll_s
         self.phase_s = phase_s
         self.stats = HollowStats()
 
@@ -343,6 +345,7 @@ async def run_hollow_nodes(
     *,
     stop: asyncio.Event | None = None,
     heartbeat_s: float = HEARTBEAT_S,
+    long_poll_s: float = LONG_POLL_S,
     ramp_s: float | None = None,
     agents_per_client: int = AGENTS_PER_CLIENT,
     report_connections: int = REPORT_CONNECTIONS,
@@ -360,7 +363,8 @@ async def run_hollow_nodes(
     report_connections`` connections: each agent's long poll holds one, reports share the rest.
     ``ca_cert``: verify HTTPS against this CA (one SSL context for all clients).
     Agents start ``ramp_s`` apart in all (default :data:`RAMP_S_PER_1000` per 1,000 nodes), each
-    with a random first-heartbeat phase in ``[0, heartbeat_s)`` (``seed`` seeds it).
+    with a random first-heartbeat phase in ``[0, heartbeat_s)`` (``seed`` seeds it); each long poll
+    waits up to ``long_poll_s``.
     ``inline_executor``: install :class:`InlineExecutor` as the loop's default executor (for good:
     run hollow nodes in a process or loop of their own). Raises ValidationError for an empty
     ``api_urls``, ``agents_per_client`` below 1 or a ``heartbeat_s`` below the agent's.
@@ -390,7 +394,8 @@ async def run_hollow_nodes(
             if i % agents_per_client == 0:
                 client = await clients.enter_async_context(httpx.AsyncClient(limits=limits, verify=verify, timeout=30))
             agents.append(HollowAgent(name, urls[i % len(urls)], HollowBackend(gpus), client, token=tokens.get(name),
-                                      heartbeat_s=heartbeat_s, phase_s=rng.uniform(0, heartbeat_s)))
+                                      heartbeat_s=heartbeat_s, phase_s=rng.uniform(0, heartbeat_s),
+                                      long_poll_s=long_poll_s))
         logger.info("hollow nodes starting: %d agents over %.1f s, %d clients, api=%s", len(agents), ramp,
                     -(-len(agents) // agents_per_client), ", ".join(urls))
 

@@ -55,12 +55,22 @@ _LOG_BODY = {
 
 
 @router.post("/status", response_model=NodeReportAck, response_model_exclude_unset=True, responses=_GRACE_DOC)
-def node_status(node: str, report: NodeReport, plane: Plane, _agent: NodeAgent, response: Response) -> dict:
+async def node_status(node: str, report: NodeReport, plane: Plane, _agent: NodeAgent, response: Response) -> dict:
     """The agent's heartbeat, its runs' statuses and up to 64 KiB of their new output, stored first
     (idempotent). The node's own agent only; a run placed on another node is acknowledged and
     ignored, its output left out (logged), and so is a run the node was already lost for (its task
     is final). The answer's ``Apiary-Node-Lost-After-S`` header names the node-lost grace."""
     _tell_grace(response, plane)
+    # A bare heartbeat that changes nothing stored is answered here in the event loop; the rest
+    # (runs, logs, new facts) in a worker thread, as it waits for the plane's lock and the store.
+    if not report.runs and not report.logs and report.cannotRecord is None and plane.bare_heartbeat(
+            node, gpus=report.gpus, simulated_gpus=report.simulatedGpus, address=report.address,
+            agent_id=report.agentId, metrics_url=report.metricsUrl, faults_applied=report.faultsApplied):
+        return {"ack": []}
+    return await run_in_threadpool(_report, node, report, plane)
+
+
+def _report(node: str, report: NodeReport, plane: ControlPlane) -> dict:
     stored = plane.append_logs(node, [(c.runId, c.stream, c.offset, c.raw()) for c in report.logs])
     answer = plane.node_report(
         node,
@@ -108,12 +118,8 @@ async def assignments(
     _tell_grace(response, plane)
     if generation is not None and wait > 0 and plane.node_generation(node) == generation:
         await waiters.wait(node, wait)
-    gen = plane.node_generation(node)  # read first: a change after it makes the agent poll again at once
-
-    def read() -> dict:  # in a worker thread: both wait for the plane's lock, which a cycle may hold
-        return {"generation": gen, "assignments": plane.assignments(node), "faults": plane.node_faults(node)}
-
-    return await run_in_threadpool(read)
+    # In a worker thread: a generation not read yet is a store read.
+    return await run_in_threadpool(plane.assignments_answer, node)
 
 
 @router.post("/logs", response_model=LogAppended, openapi_extra=_LOG_BODY)
