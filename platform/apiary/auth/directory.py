@@ -1,11 +1,17 @@
 """Users, groups, grants and tokens in the store, and token verification.
 
 The store is the truth; :class:`Directory` keeps a small cache of verified tokens (token id ->
-principal) for ``cache_ttl_s`` so a request costs no query. Every write goes through one
+principal) for ``cache_ttl_s`` (a node agent's token for ``agent_cache_ttl_s``) so a request costs no query. Every write goes through one
 :class:`apiary.store.unit.UnitOfWork` (one commit; a store failure is a 409 ConflictError or a 503
 UnavailableError and changes nothing) and clears the cache only after its commit succeeded; reads
 use :func:`apiary.store.unit.reading`. A write by another process (there is one control plane, so
 only a migration or a manual SQL change) is seen within ``cache_ttl_s``.
+
+Node agents' tokens are kept longer: thousands of agents each report every few seconds, and a
+token read per report was most of a fleet's authentication cost. Only the leader authenticates
+them (followers forward every agent call, :mod:`apiary.api.replica`), and a revocation is a write
+on the leader that clears its cache at once, so the longer time bounds nothing but a manual SQL
+change (Kubernetes keeps a webhook's token verdicts 2 min: --authentication-token-webhook-cache-ttl).
 """
 
 from __future__ import annotations
@@ -96,10 +102,11 @@ class Directory:
     UnavailableError (503: the store cannot commit)."""
 
     def __init__(self, sessions: Sessions, *, clock: Callable[[], float] = time.time,
-                 cache_ttl_s: float = 5.0) -> None:
+                 cache_ttl_s: float = 5.0, agent_cache_ttl_s: float = 60.0) -> None:
         self._sessions = sessions
         self._clock = clock
         self._ttl = cache_ttl_s
+        self._agent_ttl = agent_cache_ttl_s
         self._cache: dict[str, tuple[str, Principal, float]] = {}
         self._lock = threading.Lock()
         # Held from the last-admin check to the commit of a write that may remove an admin: two
@@ -132,7 +139,7 @@ class Directory:
         now = self._clock()
         with self._lock:
             hit = self._cache.get(token_id)
-        if hit is not None and now - hit[2] < self._ttl:
+        if hit is not None and now - hit[2] < (self._agent_ttl if hit[1].kind == "agent" else self._ttl):
             stored, principal = hit[0], hit[1]
         elif not load:
             return None

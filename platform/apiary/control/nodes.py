@@ -16,10 +16,12 @@ from apiary.errors import ValidationError
 from apiary.store.models import Node
 
 #: A bare heartbeat from a known, healthy node is kept in memory; its time is written to the store
-#: at most this often (agents beat every 2 s per node, and committing each beat cost a third of a
-#: core at 128 nodes). Lost-node detection reads the in-memory time, which a restart resets to
-#: "now" (a fresh grace period), so the stored time is only what `node list` shows after a restart.
-HEARTBEAT_PERSIST_S = 10.0
+#: at most this often (agents beat every 2 to 10 s per node, and committing each beat cost a third
+#: of a core at 128 nodes; kubelet likewise posts an unchanged node status only every 5 min, its
+#: nodeStatusReportFrequency). It must exceed the heartbeat period, or every beat is a write.
+#: Lost-node detection reads the in-memory time, which a restart resets to "now" (a fresh grace
+#: period), so the stored time is only what `node list` shows after a restart.
+HEARTBEAT_PERSIST_S = 60.0
 
 #: At most this many faults may wait for one node's agent (DCGM-style injection is a test tool; a
 #: runaway script must not grow the table without bound): more answer 429.
