@@ -133,9 +133,12 @@ class NodeService:
         runs = list(runs)
         now = self.cache.clock()
         info = (gpus, simulated_gpus, address, agent_id, metrics_url)
+        # Heard on arrival, before waiting for the lock: a report queued behind a long commit is
+        # proof of life, and a node must not be declared lost while its report waits (under load
+        # that turned into more lost nodes, more writes and longer waits).
+        self.cache.heartbeats[node] = now
+        self.cache.heard[node] = self.cache.elapsed()
         with self.cache.lock:
-            self.cache.heartbeats[node] = now
-            self.cache.heard[node] = self.cache.elapsed()
             if cannot_record:
                 if node not in self.cache.cannot_record:
                     logger.error("node=%s cannot record runs: %s", node, cannot_record)
