@@ -101,3 +101,21 @@ def test_a_lost_node_is_read_from_the_store_once(h: Harness, monkeypatch: pytest
     h.plane.nodes.check_lost_nodes()
     assert works.count("node lost") == 2
     assert {n["name"]: n["healthy"] for n in h.plane.list_nodes()}[DAN] is False
+
+
+def test_a_report_waiting_for_the_lock_already_counts_as_heard(h: Harness) -> None:
+    h.tick(h.node_lost_after_s + 1)
+    before = h.plane.cache.heard[DAN]
+    with h.plane.cache.lock:  # a long commit holds it; DAN's report (a new address: a write) waits
+        t = threading.Thread(target=lambda: h.plane.node_report(
+            DAN, gpus=1, simulated_gpus=True, address="198.18.0.9", agent_id="t", runs=[]))
+        t.start()
+        deadline = 100
+        while h.plane.cache.heard[DAN] == before and deadline:
+            t.join(0.05)
+            deadline -= 1
+        assert h.plane.cache.heard[DAN] > before and t.is_alive()  # heard, still waiting
+        h.report(CAROL)
+    t.join(10)
+    h.plane.nodes.check_lost_nodes()
+    assert {n["name"]: n["healthy"] for n in h.plane.list_nodes()}[DAN] is True

@@ -91,6 +91,16 @@ class NodeService:
             if name in self.cache.reported:
                 self.cache.reported[name] = replace(self.cache.reported[name], healthy=False)
 
+    def hear(self, node: str) -> None:
+        """Count a report from ``node``'s agent as heard now, on its arrival: before it waits for a
+        worker thread or the plane's lock. A report queued behind commits is proof of life, and a
+        node must not be declared lost while its report waits (under load that turned into more
+        lost nodes, more writes and longer waits). Plain dict stores, no lock (as
+        :meth:`bare_heartbeat`). Raises NotFoundError for a node the cluster config does not declare."""
+        self.cache.known_node(node)
+        self.cache.heartbeats[node] = self.cache.clock()
+        self.cache.heard[node] = self.cache.elapsed()
+
     def bare_heartbeat(self, node: str, *, gpus: int, simulated_gpus: bool, address: str, agent_id: str,
                        metrics_url: str | None = None, faults_applied: int | None = None) -> bool:
         """Take a report without runs, logs or trouble in memory only, without the plane's lock,
@@ -133,11 +143,7 @@ class NodeService:
         runs = list(runs)
         now = self.cache.clock()
         info = (gpus, simulated_gpus, address, agent_id, metrics_url)
-        # Heard on arrival, before waiting for the lock: a report queued behind a long commit is
-        # proof of life, and a node must not be declared lost while its report waits (under load
-        # that turned into more lost nodes, more writes and longer waits).
-        self.cache.heartbeats[node] = now
-        self.cache.heard[node] = self.cache.elapsed()
+        self.hear(node)  # before waiting for the lock (the API hears it on arrival already)
         with self.cache.lock:
             if cannot_record:
                 if node not in self.cache.cannot_record:

@@ -105,6 +105,7 @@ class ControlPlane:
         self.assignments = self.agents.assignments
         self.assignments_answer = self.agents.answer
         self.bare_heartbeat = self.nodes.bare_heartbeat
+        self.hear = self.nodes.hear
         self.append_log = self.logs.append_log
         self.append_logs = self.logs.append_logs
         self.read_logs = self.logs.read_logs
