@@ -11,10 +11,11 @@ healthy node whose facts did not change are kept in memory and written at most e
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import replace
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 
 from apiary.control.cache import PlaneCache, Seen
 from apiary.control.nodes import (
@@ -43,6 +44,7 @@ class NodeService:
 
     def __init__(self, cache: PlaneCache) -> None:
         self.cache = cache
+        self._persist_due = 0.0  # monotonic time of the next persist_heartbeats
 
     @property
     def node_lost_after_s(self) -> float:
@@ -58,6 +60,9 @@ class NodeService:
         retry). A late report of such a run from its node (the node was cut off, not dead; its
         agent fenced the run itself, :mod:`apiary.runtime.link`) is acknowledged and changes
         nothing: the task is final (:meth:`node_report`)."""
+        if time.monotonic() >= self._persist_due:  # every tenth of the period: rows stay within 1.1x of it
+            self._persist_due = time.monotonic() + HEARTBEAT_PERSIST_S / 10
+            self.persist_heartbeats()
         now = self.cache.elapsed()
         settled = self.cache.settled_lost
         # A copy: bare heartbeats store into ``heard`` without the lock (:meth:`bare_heartbeat`). A node
@@ -101,11 +106,34 @@ class NodeService:
         self.cache.heartbeats[node] = self.cache.clock()
         self.cache.heard[node] = self.cache.elapsed()
 
+    def persist_heartbeats(self) -> int:
+        """Write the heartbeat time of every healthy node whose row's is older than
+        :data:`~apiary.control.nodes.HEARTBEAT_PERSIST_S` (lock held; the scheduling cycle calls it
+        through :meth:`check_lost_nodes`), in one transaction: one bulk UPDATE by primary key for
+        the whole fleet, instead of one commit per node and minute (83 commits/s at 5,000 nodes,
+        which queued every report and submission behind the plane's lock). Returns how many rows.
+        Raises UnavailableError when the store cannot commit (memory keeps the old times: retried)."""
+        due = {}
+        for node, beat in list(self.cache.heartbeats.items()):
+            seen = self.cache.reported.get(node)
+            if seen is not None and seen.healthy and beat - seen.beat >= HEARTBEAT_PERSIST_S:
+                due[node] = beat
+        if not due:
+            return 0
+        with self.cache.work("node heartbeats") as w:
+            w.s.execute(update(Node), [{"name": n, "last_heartbeat": t} for n, t in sorted(due.items())])
+            w.commit()
+        for node, beat in due.items():
+            seen = self.cache.reported.get(node)
+            if seen is not None:
+                self.cache.reported[node] = replace(seen, beat=max(seen.beat, beat))
+        return len(due)
+
     def bare_heartbeat(self, node: str, *, gpus: int, simulated_gpus: bool, address: str, agent_id: str,
                        metrics_url: str | None = None, faults_applied: int | None = None) -> bool:
         """Take a report without runs, logs or trouble in memory only, without the plane's lock,
-        when the node's row already says all it says (healthy, same facts, a heartbeat written
-        within :data:`~apiary.control.nodes.HEARTBEAT_PERSIST_S`, no newly applied faults). True when
+        when the node's row already says all it says (healthy, same facts, no newly applied
+        faults; its heartbeat time reaches the row in :meth:`persist_heartbeats`' batch). True when
         taken (answer ``{"ack": []}``); False: the caller must send it through :meth:`node_report`.
 
         Only plain dict stores happen here (atomic under the GIL), so a heartbeat never waits
@@ -116,7 +144,7 @@ class NodeService:
         seen = self.cache.reported.get(node)
         now = self.cache.clock()
         if (seen is None or not seen.healthy or seen.info != (gpus, simulated_gpus, address, agent_id, metrics_url)
-                or now - seen.beat >= HEARTBEAT_PERSIST_S or node in self.cache.cannot_record
+                or node in self.cache.cannot_record
                 or (faults_applied is not None and faults_applied != seen.faults_applied)):
             return False
         self.cache.heartbeats[node] = now
