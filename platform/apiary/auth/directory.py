@@ -1,7 +1,8 @@
 """Users, groups, grants and tokens in the store, and token verification.
 
 The store is the truth; :class:`Directory` keeps a small cache of verified tokens (token id ->
-principal) for ``cache_ttl_s`` (a node agent's token for ``agent_cache_ttl_s``) so a request costs no query. Every write goes through one
+principal) for ``cache_ttl_s`` (a node agent's token for ``agent_cache_ttl_s``) so a request costs
+no query. Every write goes through one
 :class:`apiary.store.unit.UnitOfWork` (one commit; a store failure is a 409 ConflictError or a 503
 UnavailableError and changes nothing) and clears the cache only after its commit succeeded; reads
 use :func:`apiary.store.unit.reading`. A write by another process (there is one control plane, so

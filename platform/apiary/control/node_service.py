@@ -65,9 +65,10 @@ class NodeService:
             self.persist_heartbeats()
         now = self.cache.elapsed()
         settled = self.cache.settled_lost
-        # A copy: bare heartbeats store into ``heard`` without the lock (:meth:`bare_heartbeat`). A node
-        # found lost already at its current silence is settled: no store read for it every cycle.
-        lost = sorted(n for n, seen in list(self.cache.heard.items())  # (a reconfig drops nodes)
+        # A copy (dict.copy, one C call; list(items()) can see the size change): reports store into
+        # ``heard`` without the lock (:meth:`hear`). A node found lost already at its current
+        # silence is settled: no store read for it every cycle.
+        lost = sorted(n for n, seen in self.cache.heard.copy().items()  # (a reconfig drops nodes)
                       if now - seen > self.cache.node_lost_after_s and n in self.cache.node_names
                       and settled.get(n) != seen)
         if not lost:
@@ -114,7 +115,7 @@ class NodeService:
         which queued every report and submission behind the plane's lock). Returns how many rows.
         Raises UnavailableError when the store cannot commit (memory keeps the old times: retried)."""
         due = {}
-        for node, beat in list(self.cache.heartbeats.items()):
+        for node, beat in self.cache.heartbeats.copy().items():  # (reports store into it without the lock)
             seen = self.cache.reported.get(node)
             if seen is not None and seen.healthy and beat - seen.beat >= HEARTBEAT_PERSIST_S:
                 due[node] = beat
