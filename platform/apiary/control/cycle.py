@@ -75,8 +75,9 @@ class Head:
 
 
 class SchedulingCycle:
-    """Runs scheduling cycles over ``cache``; ``check_lost`` marks silent nodes lost (step 1, called
-    with the lock held). :meth:`cycle` is safe to call from any thread; cycles run one at a time."""
+    """Runs scheduling cycles over ``cache``; ``check_lost`` marks silent nodes lost, writing due
+    heartbeat times first (step 1, called with the lock held). :meth:`cycle` is safe to call from
+    any thread; cycles run one at a time."""
 
     def __init__(self, cache: PlaneCache, check_lost: Callable[[], None]) -> None:
         self.cache = cache

@@ -26,11 +26,11 @@ from apiary.control.nodes import (
     cordon_source,
     schedulable,
 )
-from apiary.errors import TooManyRequestsError, ValidationError
+from apiary.errors import TooManyRequestsError, UnavailableError, ValidationError
 from apiary.lifecycle import TaskState
 from apiary.lifecycle.reducer import NodeLost, RunReported
 from apiary.store.models import Event, Job, Node, NodeCordon, NodeFault, Placement, Task
-from apiary.store.unit import reading
+from apiary.store.unit import UnitOfWork, reading
 from apiary.timefmt import iso
 
 logger = logging.getLogger(__name__)
@@ -60,20 +60,20 @@ class NodeService:
         retry). A late report of such a run from its node (the node was cut off, not dead; its
         agent fenced the run itself, :mod:`apiary.runtime.link`) is acknowledged and changes
         nothing: the task is final (:meth:`node_report`)."""
-        if time.monotonic() >= self._persist_due:  # every tenth of the period: rows stay within 1.1x of it
-            self._persist_due = time.monotonic() + HEARTBEAT_PERSIST_S / 10
-            self.persist_heartbeats()
         now = self.cache.elapsed()
         settled = self.cache.settled_lost
         # A copy (dict.copy, one C call; list(items()) can see the size change): reports store into
         # ``heard`` without the lock (:meth:`hear`). A node found lost already at its current
         # silence is settled: no store read for it every cycle.
-        lost = sorted(n for n, seen in self.cache.heard.copy().items()  # (a reconfig drops nodes)
+        heard = self.cache.heard.copy()
+        lost = sorted(n for n, seen in heard.items()  # (a reconfig drops nodes)
                       if now - seen > self.cache.node_lost_after_s and n in self.cache.node_names
                       and settled.get(n) != seen)
         if not lost:
             return
-        silent_since = {n: self.cache.heard[n] for n in lost}
+        # The silences judged, from the same copy: a report arriving meanwhile moves ``heard`` past
+        # them, so that node is judged again rather than settled at its new time.
+        silent_since = {n: heard[n] for n in lost}
         with self.cache.work("node lost") as w:
             s = w.s
             for name in lost:
@@ -107,10 +107,23 @@ class NodeService:
         self.cache.heartbeats[node] = self.cache.clock()
         self.cache.heard[node] = self.cache.elapsed()
 
+    def tend(self) -> None:
+        """The scheduling cycle's node work, step 1 (lock held): :meth:`persist_heartbeats` every
+        tenth of :data:`~apiary.control.nodes.HEARTBEAT_PERSIST_S` (a row's time is then at most 1.1
+        periods old; a store that refuses it is logged and retried, scheduling goes on), then
+        :meth:`check_lost_nodes`."""
+        if time.monotonic() >= self._persist_due:
+            self._persist_due = time.monotonic() + HEARTBEAT_PERSIST_S / 10
+            try:
+                self.persist_heartbeats()
+            except UnavailableError as e:
+                logger.warning("node heartbeats not written: %s", e.message)
+        self.check_lost_nodes()
+
     def persist_heartbeats(self) -> int:
         """Write the heartbeat time of every healthy node whose row's is older than
-        :data:`~apiary.control.nodes.HEARTBEAT_PERSIST_S` (lock held; the scheduling cycle calls it
-        through :meth:`check_lost_nodes`), in one transaction: one bulk UPDATE by primary key for
+        :data:`~apiary.control.nodes.HEARTBEAT_PERSIST_S` (lock held; :meth:`tend` calls it), in one
+        transaction of its own (memory is not in doubt when it fails, so no rebuild): one bulk UPDATE by primary key for
         the whole fleet, instead of one commit per node and minute (83 commits/s at 5,000 nodes,
         which queued every report and submission behind the plane's lock). Returns how many rows.
         Raises UnavailableError when the store cannot commit (memory keeps the old times: retried)."""
@@ -121,9 +134,9 @@ class NodeService:
                 due[node] = beat
         if not due:
             return 0
-        with self.cache.work("node heartbeats") as w:
-            w.s.execute(update(Node), [{"name": n, "last_heartbeat": t} for n, t in sorted(due.items())])
-            w.commit()
+        with UnitOfWork(self.cache.sessions, "node heartbeats") as uow:
+            uow.s.execute(update(Node), [{"name": n, "last_heartbeat": t} for n, t in sorted(due.items())])
+            uow.commit()
         for node, beat in due.items():
             seen = self.cache.reported.get(node)
             if seen is not None:
@@ -137,19 +150,17 @@ class NodeService:
         faults; its heartbeat time reaches the row in :meth:`persist_heartbeats`' batch). True when
         taken (answer ``{"ack": []}``); False: the caller must send it through :meth:`node_report`.
 
-        Only plain dict stores happen here (atomic under the GIL), so a heartbeat never waits
-        behind a scheduling cycle or a commit that holds the lock; a loss check racing with it sees
-        the previous report, as if this one had come a moment later. Raises NotFoundError for a
-        node the cluster config does not declare."""
+        Taken, it is heard (:meth:`hear`): only plain dict stores (atomic under the GIL), so a
+        heartbeat never waits behind a scheduling cycle or a commit that holds the lock; a loss check
+        racing with it sees the previous report, as if this one had come a moment later. Raises
+        NotFoundError for a node the cluster config does not declare."""
         self.cache.known_node(node)
         seen = self.cache.reported.get(node)
-        now = self.cache.clock()
         if (seen is None or not seen.healthy or seen.info != (gpus, simulated_gpus, address, agent_id, metrics_url)
                 or node in self.cache.cannot_record
                 or (faults_applied is not None and faults_applied != seen.faults_applied)):
             return False
-        self.cache.heartbeats[node] = now
-        self.cache.heard[node] = self.cache.elapsed()
+        self.hear(node)
         return True
 
     def node_report(self, node: str, *, gpus: int, simulated_gpus: bool, address: str, agent_id: str,
@@ -172,7 +183,7 @@ class NodeService:
         runs = list(runs)
         now = self.cache.clock()
         info = (gpus, simulated_gpus, address, agent_id, metrics_url)
-        self.hear(node)  # before waiting for the lock (the API hears it on arrival already)
+        self.hear(node)  # before waiting for the lock (the API hears it before the worker thread too)
         with self.cache.lock:
             if cannot_record:
                 if node not in self.cache.cannot_record:

@@ -76,7 +76,7 @@ class ControlPlane:
                                 node_lost_after_s=node_lost_after_s)
         self.jobs = JobService(self.cache, max_instances=max_instances)
         self.nodes = NodeService(self.cache)
-        self.scheduling = SchedulingCycle(self.cache, self.nodes.check_lost_nodes)
+        self.scheduling = SchedulingCycle(self.cache, self.nodes.tend)
         self.agents = Assignments(self.cache, self.nodes.node_faults)
         self.logs = LogService(self.cache, logs_dir)
         self.clusters = ClusterService(self.cache, config_path=config_path)

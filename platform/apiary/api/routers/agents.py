@@ -61,13 +61,13 @@ async def node_status(node: str, report: NodeReport, plane: Plane, _agent: NodeA
     ignored, its output left out (logged), and so is a run the node was already lost for (its task
     is final). The answer's ``Apiary-Node-Lost-After-S`` header names the node-lost grace."""
     _tell_grace(response, plane)
-    plane.hear(node)  # on arrival: the node is alive even if its report waits for a worker thread
     # A bare heartbeat that changes nothing stored is answered here in the event loop; the rest
     # (runs, logs, new facts) in a worker thread, as it waits for the plane's lock and the store.
     if not report.runs and not report.logs and report.cannotRecord is None and plane.bare_heartbeat(
             node, gpus=report.gpus, simulated_gpus=report.simulatedGpus, address=report.address,
             agent_id=report.agentId, metrics_url=report.metricsUrl, faults_applied=report.faultsApplied):
         return {"ack": []}
+    plane.hear(node)  # on arrival: the node is alive even while its report waits for a worker thread
     return await run_in_threadpool(_report, node, report, plane)
 
 
