@@ -285,10 +285,26 @@ class HttpsControlPlane:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(cert, key)
-        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+
+        class TlsServer(ThreadingHTTPServer):
+            # The handshake runs in the connection's own thread, with a deadline: done on the
+            # listening socket it would run in serve_forever's thread, and one client that
+            # connects and never finishes it (an agent cancelled by ``stop``) blocks every
+            # later accept and ``shutdown`` for good.
+            def finish_request(self, request, client_address):
+                request.settimeout(5)
+                try:
+                    conn = ctx.wrap_socket(request, server_side=True)
+                except OSError:  # the client refused the certificate, or went away
+                    return
+                try:
+                    super().finish_request(conn, client_address)
+                finally:
+                    self.shutdown_request(conn)
+
+        self.server = TlsServer(("127.0.0.1", 0), Handler)
         self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
