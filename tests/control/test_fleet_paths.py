@@ -130,3 +130,75 @@ def test_a_report_waiting_for_the_lock_already_counts_as_heard(h: Harness) -> No
     t.join(10)
     h.plane.nodes.check_lost_nodes()
     assert {n["name"]: n["healthy"] for n in h.plane.list_nodes()}[DAN] is True
+
+
+def queue_reports(h: Harness, reports: list[tuple[str, str]]) -> tuple[list[threading.Thread], dict]:
+    """Start one thread per ``(node, address)`` report while the caller holds the plane's lock, and
+    wait until all are queued for the group commit. Returns the threads and ``{index: answer or error}``."""
+    out: dict[int, object] = {}
+
+    def send(i: int, node: str, address: str) -> None:
+        try:
+            out[i] = h.plane.node_report(node, gpus=1, simulated_gpus=True, address=address, agent_id="t", runs=[])
+        except Exception as e:
+            out[i] = e
+
+    threads = []
+    for i, (node, address) in enumerate(reports):
+        threads.append(threading.Thread(target=send, args=(i, node, address)))
+        threads[-1].start()
+        for _ in range(200):  # queued in order, so a node's second report comes after its first
+            if len(h.plane.nodes.reports) == i + 1:
+                break
+            threads[-1].join(0.02)
+    assert len(h.plane.nodes.reports) == len(reports)
+    return threads, out
+
+
+def stored_address(h: Harness, node: str) -> str | None:
+    from sqlalchemy import select
+
+    from apiary.store import Node
+
+    with h.sessions() as s:
+        return s.scalar(select(Node.address).where(Node.name == node))
+
+
+def test_reports_queued_behind_the_lock_share_one_commit_and_a_nodes_second_report_the_next(
+        h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    works: list[str] = []
+    real = h.plane.cache.work
+    monkeypatch.setattr(h.plane.cache, "work", lambda why: works.append(why) or real(why))
+    with h.plane.cache.lock:  # a cycle holds it while three reports with new facts arrive
+        threads, out = queue_reports(h, [(CAROL, "198.18.0.7"), (DAN, "198.18.0.8"), (CAROL, "198.18.0.9")])
+    for t in threads:
+        t.join(10)
+    assert out == {0: {"ack": []}, 1: {"ack": []}, 2: {"ack": []}}
+    assert works.count("node report") == 2  # CAROL and DAN together, then CAROL's second report alone
+    assert stored_address(h, CAROL) == "198.18.0.9" and stored_address(h, DAN) == "198.18.0.8"
+    assert len(h.plane.nodes.reports) == 0
+
+
+def test_a_report_that_fails_in_a_batch_is_refused_alone(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = h.plane.nodes._write_report
+
+    def write(w, p, *args):
+        if p.node == DAN:
+            raise ValueError("DAN's report is bad")
+        return real(w, p, *args)
+
+    monkeypatch.setattr(h.plane.nodes, "_write_report", write)
+    with h.plane.cache.lock:
+        threads, out = queue_reports(h, [(CAROL, "198.18.0.7"), (DAN, "198.18.0.8")])
+    for t in threads:
+        t.join(10)
+    assert out[0] == {"ack": []} and isinstance(out[1], ValueError)
+    assert stored_address(h, CAROL) == "198.18.0.7" and stored_address(h, DAN) != "198.18.0.8"
+
+
+def test_an_idle_nodes_kept_answer_is_read_without_the_store_until_its_generation_moves(h: Harness) -> None:
+    assert h.plane.kept_assignments(CAROL) is None  # nothing kept yet: the poll takes a worker thread
+    first = h.plane.assignments_answer(CAROL)
+    assert h.plane.kept_assignments(CAROL) == first
+    h.plane.inject_fault(CAROL, 0, xid=79)  # bumps the generation
+    assert h.plane.kept_assignments(CAROL) is None

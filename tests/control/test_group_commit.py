@@ -64,7 +64,7 @@ def submit_together(h: Harness, texts: list[tuple[str, str]], *, before_release:
             assert time.monotonic() < deadline, f"only {len(plane.jobs.intake)} of {len(texts)} queued"
             time.sleep(0.005)
         before_release()
-        queued.extend(plane.jobs.intake.job_ids())
+        queued.extend(p.job_id for p in plane.jobs.intake.items())
     for t in threads:
         t.join(timeout_s)
     assert all(o is not None for o in out)

@@ -49,6 +49,13 @@ class Assignments:
             self.cache.answers[node] = (gen, answer)
         return answer
 
+    def kept_answer(self, node: str) -> dict | None:
+        """The answer :meth:`answer` kept for ``node``'s current generation, or None (then call
+        :meth:`answer`). Plain dict reads, no store and no lock: an idle node's poll is answered in
+        the event loop, without a worker thread."""
+        kept = self.cache.answers.get(node)
+        return kept[1] if kept is not None and kept[0] == self.cache.generation.get(node, 0) else None
+
     def assignments(self, node: str) -> list[dict]:
         """The task runs ``node`` should be running now, with everything needed to launch them.
 

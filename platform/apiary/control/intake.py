@@ -1,4 +1,4 @@
-"""Group commit for submissions: concurrent ``submit`` calls share one transaction.
+"""Group commit: concurrent submissions (and, the same way, agents' reports) share one transaction.
 
 A submission is parsed outside the plane's lock, then queued here. Whoever takes the plane's lock
 next drains the whole queue, runs the checks that read the scheduler (virtual cluster, sizes) and
@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -71,29 +71,37 @@ class PendingSubmission:
         return self.answer
 
 
-class Intake:
-    """The queue of submissions waiting for a commit. Thread-safe; ``put`` and ``drain`` never block
-    beyond a short internal lock."""
+P = TypeVar("P")
+
+
+class Intake(Generic[P]):
+    """The queue of items (:class:`PendingSubmission`, an agent's pending report) waiting for a
+    commit. Thread-safe; ``put``, ``put_back`` and ``drain`` never block beyond a short internal lock."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._queue: list[PendingSubmission] = []
+        self._queue: list[P] = []
 
-    def put(self, pending: PendingSubmission) -> None:
+    def put(self, pending: P) -> None:
         with self._lock:
             self._queue.append(pending)
+
+    def put_back(self, items: list[P]) -> None:
+        """Return drained ``items`` to the front of the queue, in their order (the next batch takes them first)."""
+        with self._lock:
+            self._queue[:0] = items
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._queue)
 
-    def job_ids(self) -> list[str]:
-        """The ids of the queued submissions, oldest first."""
+    def items(self) -> list[P]:
+        """The queued items, oldest first (a copy)."""
         with self._lock:
-            return [p.job_id for p in self._queue]
+            return list(self._queue)
 
-    def drain(self, limit: int) -> list[PendingSubmission]:
-        """Up to ``limit`` queued submissions, oldest first, removed from the queue."""
+    def drain(self, limit: int) -> list[P]:
+        """Up to ``limit`` queued items, oldest first, removed from the queue."""
         with self._lock:
             batch, self._queue = self._queue[:limit], self._queue[limit:]
         return batch

@@ -42,7 +42,8 @@ class JobService:
     def __init__(self, cache: PlaneCache, *, max_instances: int = 1000) -> None:
         self.cache = cache
         self.max_instances = max_instances
-        self.intake = Intake()  # submissions waiting for a group commit (apiary.control.intake)
+        # Submissions waiting for a group commit (apiary.control.intake).
+        self.intake: Intake[PendingSubmission] = Intake()
         self._next_seq: int | None = None  # the next submit_seq; None: read max + 1 from the store
 
     def submit(self, text: str | bytes, user: str, *, flow_run_id: str | None = None,

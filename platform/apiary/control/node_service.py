@@ -13,11 +13,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from sqlalchemy import delete, func, select, update
 
 from apiary.control.cache import PlaneCache, Seen
+from apiary.control.intake import Intake
 from apiary.control.nodes import (
     ADMIN_CORDON,
     HEARTBEAT_PERSIST_S,
@@ -31,6 +33,9 @@ from apiary.lifecycle import TaskState
 from apiary.lifecycle.reducer import NodeLost, RunReported
 from apiary.store.models import Event, Job, Node, NodeCordon, NodeFault, Placement, Task
 from apiary.store.unit import UnitOfWork, reading
+
+if TYPE_CHECKING:
+    from apiary.control.work import Work
 from apiary.timefmt import iso
 
 logger = logging.getLogger(__name__)
@@ -39,11 +44,46 @@ logger = logging.getLogger(__name__)
 ACTIVE_TASK_STATES = (TaskState.STARTING.value, TaskState.RUNNING.value)
 
 
+#: Reports applied in one transaction at most (:meth:`NodeService.node_report`); as many as the
+#: submissions' batch (:data:`~apiary.control.jobs.JobService.INTAKE_BATCH`).
+REPORT_BATCH = 64
+
+
+@dataclass(eq=False)
+class PendingReport:
+    """One agent's report waiting for its batch's commit. ``info``: ``(gpus, simulated_gpus,
+    address, agent_id, metrics_url)``; ``now``: the plane's clock at arrival (epoch s). ``answer``
+    (``{"ack": [...]}``) or ``error`` is set, by the thread holding the plane's lock, when ``done``."""
+
+    node: str
+    info: tuple[int, bool, str, str, str | None]
+    runs: list[dict]
+    faults_applied: int | None
+    cannot_record: str | None
+    now: float
+    answer: dict | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+    def settle(self, answer: dict | None = None, error: BaseException | None = None) -> None:
+        self.answer, self.error, self.done = answer, error, True
+
+    def result(self) -> dict:
+        """The answer; raises the error that refused the report. Only after ``done``."""
+        if not self.done:
+            raise RuntimeError(f"the report of node {self.node} was never applied nor refused")
+        if self.error is not None:
+            raise self.error
+        assert self.answer is not None
+        return self.answer
+
+
 class NodeService:
     """Nodes over the plane's ``cache``: reports, loss, cordon, drain, faults, listings."""
 
     def __init__(self, cache: PlaneCache) -> None:
         self.cache = cache
+        self.reports: Intake[PendingReport] = Intake()  # reports waiting for a group commit
         self._persist_due = 0.0  # monotonic time of the next persist_heartbeats
 
     @property
@@ -178,68 +218,134 @@ class NodeService:
         known healthy node whose facts did not change is written at most every
         :data:`~apiary.control.nodes.HEARTBEAT_PERSIST_S` (a bare heartbeat then touches only memory;
         a report with runs writes only the runs).
+
+        Reports share transactions (group commit, :mod:`apiary.control.intake`): whoever takes the
+        plane's lock applies every queued report, up to :data:`REPORT_BATCH`, in one commit. When a
+        fleet registers at once, or comes back after a partition, that is one commit per batch
+        rather than one per node, and a report's wait for the lock no longer grows with the count of
+        reports queued ahead of it.
         """
         self.cache.known_node(node)
-        runs = list(runs)
-        now = self.cache.clock()
-        info = (gpus, simulated_gpus, address, agent_id, metrics_url)
+        pending = PendingReport(node, (gpus, simulated_gpus, address, agent_id, metrics_url), list(runs),
+                                faults_applied, cannot_record, self.cache.clock())
         self.hear(node)  # before waiting for the lock (the API hears it before the worker thread too)
+        self.reports.put(pending)
         with self.cache.lock:
-            if cannot_record:
-                if node not in self.cache.cannot_record:
-                    logger.error("node=%s cannot record runs: %s", node, cannot_record)
-                self.cache.cannot_record[node] = (cannot_record, now)
-            elif self.cache.cannot_record.pop(node, None) is not None:
-                logger.warning("node=%s can record runs again", node)
-            seen = self.cache.reported.get(node)
-            new_mark = faults_applied is not None and (seen is None or faults_applied != seen.faults_applied)
+            while not pending.done and self._commit_reports():
+                pass
+        return pending.result()
+
+    def _commit_reports(self) -> bool:
+        """Apply the queued reports (lock held): one transaction for a batch of up to
+        :data:`REPORT_BATCH` with at most one report per node (a second one of a node, an agent's
+        resend after a timeout, goes back to the queue for the next batch, so it sees the first
+        one's effect). When the batch fails, each of its reports is applied alone, so one bad
+        report is refused alone; a store that cannot commit refuses each (503, the agents resend).
+        False if none was queued."""
+        drained = self.reports.drain(REPORT_BATCH)
+        if not drained:
+            return False
+        batch: list[PendingReport] = []
+        later: list[PendingReport] = []
+        nodes: set[str] = set()
+        for p in drained:
+            (later if p.node in nodes else batch).append(p)
+            nodes.add(p.node)
+        if later:
+            self.reports.put_back(later)
+        try:
+            self._apply_reports(batch)
+        except Exception as e:
+            if len(batch) == 1:
+                batch[0].settle(error=e)
+            else:
+                logger.warning("a batch of %d reports failed (%s: %s): applying each alone",
+                               len(batch), type(e).__name__, e)
+                for p in batch:
+                    if not p.done:
+                        try:
+                            self._apply_reports([p])
+                        except Exception as one:
+                            p.settle(error=one)
+        except BaseException as e:
+            for p in batch:
+                if not p.done:
+                    p.settle(error=e)
+            raise
+        return True
+
+    def _apply_reports(self, batch: list[PendingReport]) -> None:
+        """One transaction for ``batch`` (one report per node, lock held); memory after the commit."""
+        todo: list[tuple[PendingReport, Seen | None, bool, bool]] = []
+        for p in batch:
+            if p.cannot_record:
+                if p.node not in self.cache.cannot_record:
+                    logger.error("node=%s cannot record runs: %s", p.node, p.cannot_record)
+                self.cache.cannot_record[p.node] = (p.cannot_record, p.now)
+            elif self.cache.cannot_record.pop(p.node, None) is not None:
+                logger.warning("node=%s can record runs again", p.node)
+            seen = self.cache.reported.get(p.node)
+            new_mark = p.faults_applied is not None and (seen is None or p.faults_applied != seen.faults_applied)
             # The node's row already says all this (healthy, same facts, a heartbeat written within
             # HEARTBEAT_PERSIST_S): leave it alone, whether or not the report carries runs.
-            fresh = (not new_mark and seen is not None and seen.info == info and seen.healthy
-                     and now - seen.beat < HEARTBEAT_PERSIST_S)
-            if fresh and not runs:
-                return {"ack": []}
-            ack: list[str] = []
-            with self.cache.work("node report") as w:
-                s = w.s
-                if not fresh:
-                    row = s.get(Node, node)
-                    if row is None:
-                        row = Node(name=node)
-                        s.add(row)
-                    was = schedulable(row) if row.healthy is not None else False
-                    if row.healthy is False:
-                        logger.info("node=%s healthy again", node)
-                    row.gpus, row.simulated_gpus, row.address, row.agent_id, row.metrics_url = info
-                    row.healthy = True
-                    row.last_heartbeat = now
-                    if schedulable(row) != was or seen is None or not seen.healthy:
-                        w.node_health(node, schedulable(row))
-                if new_mark:  # the agent applied these: they leave the queue
-                    s.execute(delete(NodeFault).where(NodeFault.node == node, NodeFault.id <= faults_applied))
-                for run in runs:
-                    owner = s.execute(select(Task.job_id, Task.node).where(Task.run_id == run["run_id"])).first()
-                    if owner is None:
-                        ack.append(run["run_id"])  # unknown to us: the agent should stop and forget it
-                        continue
-                    job_id = owner[0]
-                    if owner[1] != node:  # a run placed elsewhere: never let this node decide it
-                        logger.warning("refused report node=%s run=%s: the run is placed on %s",
-                                       node, run["run_id"], owner[1])
-                        ack.append(run["run_id"])
-                        continue
-                    fx = w.step(job_id, RunReported(
-                        node=node, run_id=run["run_id"], exited=run.get("state") == "exited",
-                        exit_code=run.get("exit_code"), started_at=run.get("started_at"),
-                        finished_at=run.get("finished_at"), pid=run.get("pid"), lost=bool(run.get("lost")),
-                    ))
-                    if fx is not None and fx.ack:
-                        ack.append(run["run_id"])
-                w.wake = w.wake or bool(runs)
-                w.commit()
-            mark = faults_applied if faults_applied is not None else (seen.faults_applied if seen else None)
-            self.cache.reported[node] = Seen(info, True, seen.beat if fresh and seen else now, mark)
-        return {"ack": ack}
+            fresh = (not new_mark and seen is not None and seen.info == p.info and seen.healthy
+                     and p.now - seen.beat < HEARTBEAT_PERSIST_S)
+            if fresh and not p.runs:
+                p.settle(answer={"ack": []})
+                continue
+            todo.append((p, seen, new_mark, fresh))
+        if not todo:
+            return
+        acks: list[list[str]] = []
+        with self.cache.work("node report") as w:
+            for p, seen, new_mark, fresh in todo:
+                acks.append(self._write_report(w, p, seen, new_mark, fresh))
+            w.commit()
+        for (p, seen, _new_mark, fresh), ack in zip(todo, acks, strict=True):
+            mark = p.faults_applied if p.faults_applied is not None else (seen.faults_applied if seen else None)
+            self.cache.reported[p.node] = Seen(p.info, True, seen.beat if fresh and seen else p.now, mark)
+            p.settle(answer={"ack": ack})
+
+    def _write_report(self, w: Work, p: PendingReport, seen: Seen | None, new_mark: bool, fresh: bool) -> list[str]:
+        """One report's rows in ``w``: the node's row unless ``fresh``, applied faults, its runs.
+        Returns the run ids to acknowledge."""
+        s, node = w.s, p.node
+        if not fresh:
+            row = s.get(Node, node)
+            if row is None:
+                row = Node(name=node)
+                s.add(row)
+            was = schedulable(row) if row.healthy is not None else False
+            if row.healthy is False:
+                logger.info("node=%s healthy again", node)
+            row.gpus, row.simulated_gpus, row.address, row.agent_id, row.metrics_url = p.info
+            row.healthy = True
+            row.last_heartbeat = p.now
+            if schedulable(row) != was or seen is None or not seen.healthy:
+                w.node_health(node, schedulable(row))
+        if new_mark:  # the agent applied these: they leave the queue
+            s.execute(delete(NodeFault).where(NodeFault.node == node, NodeFault.id <= p.faults_applied))
+        ack: list[str] = []
+        for run in p.runs:
+            owner = s.execute(select(Task.job_id, Task.node).where(Task.run_id == run["run_id"])).first()
+            if owner is None:
+                ack.append(run["run_id"])  # unknown to us: the agent should stop and forget it
+                continue
+            job_id = owner[0]
+            if owner[1] != node:  # a run placed elsewhere: never let this node decide it
+                logger.warning("refused report node=%s run=%s: the run is placed on %s",
+                               node, run["run_id"], owner[1])
+                ack.append(run["run_id"])
+                continue
+            fx = w.step(job_id, RunReported(
+                node=node, run_id=run["run_id"], exited=run.get("state") == "exited",
+                exit_code=run.get("exit_code"), started_at=run.get("started_at"),
+                finished_at=run.get("finished_at"), pid=run.get("pid"), lost=bool(run.get("lost")),
+            ))
+            if fx is not None and fx.ack:
+                ack.append(run["run_id"])
+        w.wake = w.wake or bool(p.runs)
+        return ack
 
     def cordon(self, node: str, cordoned: bool = True, *, source: str = ADMIN_CORDON, reason: str = "",
                by: str = "", every_source: bool = False) -> dict:

@@ -104,6 +104,7 @@ class ControlPlane:
         self.inject_fault = self.nodes.inject_fault
         self.assignments = self.agents.assignments
         self.assignments_answer = self.agents.answer
+        self.kept_assignments = self.agents.kept_answer
         self.bare_heartbeat = self.nodes.bare_heartbeat
         self.hear = self.nodes.hear
         self.append_log = self.logs.append_log

@@ -7,8 +7,11 @@ plane's own number (:mod:`apiary.runtime.link`)."""
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from typing import Any
 
+from anyio import CapacityLimiter, to_thread
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
@@ -68,7 +71,26 @@ async def node_status(node: str, report: NodeReport, plane: Plane, _agent: NodeA
             agent_id=report.agentId, metrics_url=report.metricsUrl, faults_applied=report.faultsApplied):
         return {"ack": []}
     plane.hear(node)  # on arrival: the node is alive even while its report waits for a worker thread
-    return await run_in_threadpool(_report, node, report, plane)
+    return await to_thread.run_sync(_report, node, report, plane, limiter=_report_threads())
+
+
+#: Worker threads that reports may hold at once. Reports share commits (group commit,
+#: :meth:`~apiary.control.node_service.NodeService.node_report`), so a few threads keep the batches
+#: full; the rest of the pool (40 threads) stays free for submissions and every other route while
+#: a fleet registers at once. A report over the limit waits in the event loop.
+REPORT_THREADS = 16
+
+_report_limiters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, CapacityLimiter] = (
+    weakref.WeakKeyDictionary())
+
+
+def _report_threads() -> CapacityLimiter:
+    """The report limiter of the running event loop (an AnyIO limiter belongs to one loop)."""
+    loop = asyncio.get_running_loop()
+    limiter = _report_limiters.get(loop)
+    if limiter is None:
+        limiter = _report_limiters[loop] = CapacityLimiter(REPORT_THREADS)
+    return limiter
 
 
 def _report(node: str, report: NodeReport, plane: ControlPlane) -> dict:
@@ -119,6 +141,9 @@ async def assignments(
     _tell_grace(response, plane)
     if generation is not None and wait > 0 and plane.node_generation(node) == generation:
         await waiters.wait(node, wait)
+    kept = plane.kept_assignments(node)  # an idle node's answer, kept in memory: no thread
+    if kept is not None:
+        return kept
     # In a worker thread: a generation not read yet is a store read.
     return await run_in_threadpool(plane.assignments_answer, node)
 
