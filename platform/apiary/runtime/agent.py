@@ -57,7 +57,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import httpx
 
@@ -112,6 +112,14 @@ _STREAMS: tuple[Literal["stdout"], Literal["stderr"]] = ("stdout", "stderr")
 _StreamKey = tuple[str, Literal["stdout", "stderr"]]  # (run id, stream)
 
 
+class AgentHttp(Protocol):
+    """What an agent uses of its HTTP client: ``httpx.AsyncClient``, or the hollow fleet's
+    :class:`~apiary.runtime.fleet_http.FleetClient`."""
+
+    async def request(self, method: str, url: str, *, content: Any = None, json: Any = None, params: Any = None,
+                      headers: Any = None, timeout: Any = None) -> httpx.Response: ...
+
+
 class NodeAgent:
     """The agent of one node. ``run`` until ``stop`` is set; on stop it leaves tasks running
     unless ``kill_tasks_on_exit`` (a clean shutdown of the embedded platform sets it).
@@ -136,7 +144,7 @@ class NodeAgent:
         node: str,
         api_url: str | Sequence[str],
         backend: RuntimeBackend,
-        client: httpx.AsyncClient,
+        client: AgentHttp,
         *,
         gpus: int,
         simulated_gpus: bool,

@@ -57,8 +57,9 @@ from typing import Any
 import httpx
 
 from apiary.errors import PlatformError, ValidationError
-from apiary.runtime.agent import HEARTBEAT_S, LONG_POLL_S, NodeAgent
+from apiary.runtime.agent import HEARTBEAT_S, LONG_POLL_S, AgentHttp, NodeAgent
 from apiary.runtime.base import LogStream, RuntimeBackend, TaskLaunch, TaskStatus
+from apiary.runtime.fleet_http import FleetClient
 from apiary.runtime.records import RUN_ID_RE
 
 logger = logging.getLogger(__name__)
@@ -227,7 +228,7 @@ class HollowAgent(NodeAgent):
     (spreads many agents' heartbeats over the period, as independently booted nodes are);
     ``long_poll_s``: the assignments long poll's wait (:attr:`NodeAgent.long_poll_s`)."""
 
-    def __init__(self, node: str, api_url: str, backend: HollowBackend, client: httpx.AsyncClient, *,
+    def __init__(self, node: str, api_url: str, backend: HollowBackend, client: AgentHttp, *,
                  token: str | None = None, heartbeat_s: float = HEARTBEAT_S, phase_s: float = 0.0,
                  long_poll_s: float = LONG_POLL_S) -> None:
         if heartbeat_s < HEARTBEAT_S:
@@ -381,7 +382,6 @@ async def run_hollow_nodes(
     if agents_per_client < 1:
         raise ValidationError("agents_per_client", "must be >= 1")
     cap = agents_per_client + report_connections
-    limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap)
     verify: Any = ssl.create_default_context(cafile=str(ca_cert) if ca_cert is not None else None)
     import psutil
 
@@ -392,7 +392,7 @@ async def run_hollow_nodes(
         agents: list[HollowAgent] = []
         for i, (name, gpus) in enumerate(nodes.items()):
             if i % agents_per_client == 0:
-                client = await clients.enter_async_context(httpx.AsyncClient(limits=limits, verify=verify, timeout=30))
+                client = await clients.enter_async_context(FleetClient(verify=verify, max_connections=cap))
             agents.append(HollowAgent(name, urls[i % len(urls)], HollowBackend(gpus), client, token=tokens.get(name),
                                       heartbeat_s=heartbeat_s, phase_s=rng.uniform(0, heartbeat_s),
                                       long_poll_s=long_poll_s))
