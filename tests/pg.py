@@ -155,7 +155,7 @@ def start_postgres(tmpdir: str | os.PathLike | None = None, durable: bool = Fals
                     cmd(str(bindir / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(port),
                         "-k", str(sockdir), "-c", "fsync=off",
                         "-c", f"synchronous_commit={'on' if durable else 'off'}",
-                        "-c", "full_page_writes=off", "-c", "max_connections=50"),
+                        "-c", "full_page_writes=off", "-c", "max_connections=100"),
                     cwd=base, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
                 )
             deadline = time.monotonic() + START_TIMEOUT_S

@@ -60,7 +60,18 @@ def make_engine(url: str) -> Engine:
 
         return engine
     connect_args = POSTGRES_CONNECT_ARGS if url.startswith("postgresql") else {}
-    return create_engine(url, pool_pre_ping=True, hide_parameters=True, connect_args=connect_args)
+    return create_engine(url, pool_pre_ping=True, hide_parameters=True, connect_args=connect_args,
+                         pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW)
+
+
+#: Connections a PostgreSQL engine keeps open (SQLAlchemy's QueuePool), and how many more it opens
+#: while more threads than that read or write at once. SQLAlchemy's default keeps 5: under 5,000
+#: agents the plane's worker threads wanted more at once, and every connection over the kept ones
+#: was opened and closed again for one token lookup: a new PostgreSQL backend (a fork) each time,
+#: 15% of the leader's CPU and 0.4 of a core of PostgreSQL's while the fleet was idle (py-spy,
+#: bench/cluster.py). 20 at most per process: three replicas stay within PostgreSQL's default
+#: ``max_connections`` of 100 with room for the Prefect server's pool.
+POOL_SIZE, POOL_OVERFLOW = 15, 5
 
 
 #: libpq's connection parameters for PostgreSQL (https://www.postgresql.org/docs/current/libpq-connect.html):
