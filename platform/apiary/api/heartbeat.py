@@ -87,7 +87,7 @@ class HeartbeatFastPath:
     def _beat(plane: Any, node: str, body: bytes) -> bool:
         try:
             report = NodeReport.model_validate_json(body)
-        except ModelError:  # the route answers 422 with FastAPI's details
+        except (ModelError, ApiaryError):  # the route answers 400 naming the field
             return False
         if report.runs or report.logs or report.cannotRecord is not None:
             return False
