@@ -60,3 +60,17 @@ def test_a_revocation_through_the_directory_is_seen_at_once(world) -> None:
     assert directory.authenticate_cached(new.token) is None  # forgotten: the next call reads the store
     with pytest.raises(UnauthorizedError):
         directory.authenticate(new.token)
+
+
+def test_agent_tokens_cached_at_one_instant_fall_due_over_the_second_half_of_the_ttl(world) -> None:
+    directory, clock, _ = world
+    fleet = [directory.create_token("agent", f"node-{i}").token for i in range(200)]
+    for token in fleet:  # a fleet's first calls, all at once
+        directory.authenticate(token)
+    start, due_by = clock.now, {}
+    for after in (29.0, 45.0, 60.0):
+        clock.now = start + after
+        due_by[after] = sum(directory.authenticate_cached(t) is None for t in fleet)
+    assert due_by[29.0] == 0  # none before half the TTL
+    assert 0 < due_by[45.0] < 200  # some by three quarters: spread, not one burst
+    assert due_by[60.0] == 200  # every one by the TTL

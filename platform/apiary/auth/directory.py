@@ -1,7 +1,8 @@
 """Users, groups, grants and tokens in the store, and token verification.
 
 The store is the truth; :class:`Directory` keeps a small cache of verified tokens (token id ->
-principal) for ``cache_ttl_s`` (a node agent's token for ``agent_cache_ttl_s``) so a request costs
+principal) for ``cache_ttl_s`` (a node agent's token for a span between half of ``agent_cache_ttl_s``
+and all of it, drawn per token, :meth:`Directory._keep_s`) so a request costs
 no query. Every write goes through one
 :class:`apiary.store.unit.UnitOfWork` (one commit; a store failure is a 409 ConflictError or a 503
 UnavailableError and changes nothing) and clears the cache only after its commit succeeded; reads
@@ -18,6 +19,7 @@ change (Kubernetes keeps a webhook's token verdicts 2 min: --authentication-toke
 from __future__ import annotations
 
 import logging
+import random
 import re
 import threading
 import time
@@ -108,7 +110,8 @@ class Directory:
         self._clock = clock
         self._ttl = cache_ttl_s
         self._agent_ttl = agent_cache_ttl_s
-        self._cache: dict[str, tuple[str, Principal, float]] = {}
+        self._cache: dict[str, tuple[str, Principal, float]] = {}  # token id -> (digest, principal, until)
+        self._spread = random.Random()  # agent tokens' cache spans (:meth:`_keep_s`), not a secret
         self._lock = threading.Lock()
         # Held from the last-admin check to the commit of a write that may remove an admin: two
         # admins removing each other at once would otherwise both see the other still there.
@@ -140,7 +143,7 @@ class Directory:
         now = self._clock()
         with self._lock:
             hit = self._cache.get(token_id)
-        if hit is not None and now - hit[2] < (self._agent_ttl if hit[1].kind == "agent" else self._ttl):
+        if hit is not None and now < hit[2]:
             stored, principal = hit[0], hit[1]
         elif not load:
             return None
@@ -150,12 +153,23 @@ class Directory:
                 raise UnauthorizedError("Invalid token.")
             stored, principal = loaded
             with self._lock:
-                self._cache[token_id] = (stored, principal, now)
+                self._cache[token_id] = (stored, principal, now + self._keep_s(principal))
         if not tokens.matches(secret, stored):
             raise UnauthorizedError("Invalid token.")
         if principal.expires is not None and principal.expires <= now:
             raise UnauthorizedError(f"Token {token_id} expired; create a new one (apiary token create).")
         return principal
+
+    def _keep_s(self, principal: Principal) -> float:
+        """How long a verified token stays cached: ``cache_ttl_s``, or for a node agent's a span
+        drawn evenly from the second half of ``agent_cache_ttl_s``. A fleet's agents first call
+        within seconds of each other (a control plane's start, a partition healed); with one TTL
+        for all, every one of their tokens would fall due in the same seconds a TTL later, and
+        again after each TTL: 5,000 store reads in a burst that stalled the leader's answers for
+        seconds (bench/cluster.py). Spread, they fall due over half a TTL and drift apart."""
+        if principal.kind != "agent":
+            return self._ttl
+        return self._agent_ttl * self._spread.uniform(0.5, 1.0)
 
     def _load(self, token_id: str, now: float) -> tuple[str, Principal] | None:
         with reading(self._sessions, "verify token") as s:
