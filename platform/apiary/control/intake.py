@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from sqlalchemy import select
@@ -34,13 +34,35 @@ if TYPE_CHECKING:
     from apiary.spec.job import JobSpec
 
 
-@dataclass(eq=False)
-class PendingSubmission:
+@dataclass(eq=False, kw_only=True)
+class Pending:
+    """An item queued for a group commit: ``answer`` once applied, or ``error``, what refused it.
+    Exactly one of them is set when ``done``; both are written only by the thread that holds the
+    plane's lock."""
+
+    answer: dict | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+    def settle(self, answer: dict | None = None, error: BaseException | None = None) -> None:
+        self.answer, self.error, self.done = answer, error, True
+
+    def result(self) -> dict:
+        """The answer; raises the error that refused the item. Only after ``done``."""
+        if not self.done:
+            raise RuntimeError(f"{self!r} was never committed nor refused")
+        if self.error is not None:
+            raise self.error
+        assert self.answer is not None
+        return self.answer
+
+
+@dataclass(eq=False, repr=False)
+class PendingSubmission(Pending):
     """One parsed submission waiting for its batch's checks and commit.
 
     ``answer`` is the job's JSON once committed; ``error`` what refused it (ConflictError for a
-    taken name, UnavailableError when the store cannot commit, or what a check raised). Exactly one of them is set when
-    ``done``; both are written only by the thread that holds the plane's lock.
+    taken name, UnavailableError when the store cannot commit, or what a check raised).
     """
 
     job_id: str
@@ -54,21 +76,9 @@ class PendingSubmission:
     #: The job whose flow run this submission may share (a clone's source: Retry in the Prefect UI
     #: re-runs a job as a copy attached to the same run); None: ``flow_run_id`` must be free.
     shares_flow_run_of: str | None = None
-    answer: dict | None = None
-    error: BaseException | None = None
-    done: bool = field(default=False)
 
-    def settle(self, answer: dict | None = None, error: BaseException | None = None) -> None:
-        self.answer, self.error, self.done = answer, error, True
-
-    def result(self) -> dict:
-        """The committed job's JSON; raises the error that refused it. Only after ``done``."""
-        if not self.done:
-            raise RuntimeError(f"submission {self.job_id} was never committed nor refused")
-        if self.error is not None:
-            raise self.error
-        assert self.answer is not None
-        return self.answer
+    def __repr__(self) -> str:
+        return f"submission {self.job_id}"
 
 
 P = TypeVar("P")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import delete, func, select, update
 
 from apiary.control.cache import PlaneCache, Seen
-from apiary.control.intake import Intake
+from apiary.control.intake import Intake, Pending
 from apiary.control.nodes import (
     ADMIN_CORDON,
     HEARTBEAT_PERSIST_S,
@@ -51,11 +51,11 @@ REPORT_BATCH = 64
 OWNER_CHUNK = 500
 
 
-@dataclass(eq=False)
-class PendingReport:
-    """One agent's report waiting for its batch's commit. ``info``: ``(gpus, simulated_gpus,
-    address, agent_id, metrics_url)``; ``now``: the plane's clock at arrival (epoch s). ``answer``
-    (``{"ack": [...]}``) or ``error`` is set, by the thread holding the plane's lock, when ``done``."""
+@dataclass(eq=False, repr=False)
+class PendingReport(Pending):
+    """One agent's report waiting for its batch's commit (:class:`~apiary.control.intake.Pending`:
+    ``answer`` ``{"ack": [...]}`` or ``error``). ``info``: ``(gpus, simulated_gpus, address,
+    agent_id, metrics_url)``; ``now``: the plane's clock at arrival (epoch s)."""
 
     node: str
     info: tuple[int, bool, str, str, str | None]
@@ -63,21 +63,9 @@ class PendingReport:
     faults_applied: int | None
     cannot_record: str | None
     now: float
-    answer: dict | None = None
-    error: BaseException | None = None
-    done: bool = False
 
-    def settle(self, answer: dict | None = None, error: BaseException | None = None) -> None:
-        self.answer, self.error, self.done = answer, error, True
-
-    def result(self) -> dict:
-        """The answer; raises the error that refused the report. Only after ``done``."""
-        if not self.done:
-            raise RuntimeError(f"the report of node {self.node} was never applied nor refused")
-        if self.error is not None:
-            raise self.error
-        assert self.answer is not None
-        return self.answer
+    def __repr__(self) -> str:
+        return f"the report of node {self.node}"
 
 
 class NodeService:
