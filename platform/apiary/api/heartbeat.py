@@ -19,7 +19,7 @@ itself, judging it exactly as the route does, with the same parts:
 Then the answer is the route's: 200 ``{"ack":[]}`` with the node-lost grace header. Anything else
 (another route, a token to look up in the store, a wrong token, a body the model refuses, a report
 with runs, an unknown node) goes on to the route unchanged, the body replayed, and gets the route's
-answer (401, 403, 404, 422, the full report path). On a follower the replica middleware forwards
+answer (401, 403, 404, 400 naming the field, the full report path). On a follower the replica middleware forwards
 agents' requests to the leader before they get here.
 """
 
@@ -75,7 +75,7 @@ class HeartbeatFastPath:
             return
         body, messages, complete = await _read_body(receive, MAX_BODY_BYTES)
         if complete and self._beat(state.plane, node, body):
-            grace = f"{state.plane.nodes.node_lost_after_s:g}".encode()
+            grace = grace_header_value(state.plane).encode()
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-length", str(len(_ANSWER)).encode()), (b"content-type", b"application/json"),
                 (GRACE_HEADER.lower().encode(), grace)]})
@@ -89,14 +89,26 @@ class HeartbeatFastPath:
             report = NodeReport.model_validate_json(body)
         except (ModelError, ApiaryError):  # the route answers 400 naming the field
             return False
-        if report.runs or report.logs or report.cannotRecord is not None:
-            return False
         try:
-            return bool(plane.bare_heartbeat(
-                node, gpus=report.gpus, simulated_gpus=report.simulatedGpus, address=report.address,
-                agent_id=report.agentId, metrics_url=report.metricsUrl, faults_applied=report.faultsApplied))
+            return take_bare_heartbeat(plane, node, report)
         except ApiaryError:  # an undeclared node: the route answers 404
             return False
+
+
+def take_bare_heartbeat(plane: Any, node: str, report: NodeReport) -> bool:
+    """Whether ``report`` is a bare heartbeat (no runs, no logs, no ``cannotRecord``) that the
+    plane took in memory (:meth:`~apiary.control.node_service.NodeService.bare_heartbeat`); the
+    route and :class:`HeartbeatFastPath` both ask this. Raises NotFoundError for an undeclared node."""
+    if report.runs or report.logs or report.cannotRecord is not None:
+        return False
+    return bool(plane.bare_heartbeat(
+        node, gpus=report.gpus, simulated_gpus=report.simulatedGpus, address=report.address,
+        agent_id=report.agentId, metrics_url=report.metricsUrl, faults_applied=report.faultsApplied))
+
+
+def grace_header_value(plane: Any) -> str:
+    """The :data:`~apiary.runtime.link.GRACE_HEADER` value: the plane's node-lost grace in seconds."""
+    return f"{plane.nodes.node_lost_after_s:g}"
 
 
 async def _read_body(receive: Receive, limit: int) -> tuple[bytes, list[Message], bool]:

@@ -38,10 +38,10 @@ class Assignments:
         An answer with runs is read afresh every time: a run that ends (its task final) leaves it
         without a bump. Faults the agent applied leave the store without a bump too; a kept
         answer may still list them, and the agent skips ids at or below its high-water mark."""
+        kept = self.kept_answer(node)
+        if kept is not None:
+            return kept
         gen = self.cache.generation.get(node, 0)
-        kept = self.cache.answers.get(node)
-        if kept is not None and kept[0] == gen:
-            return kept[1]
         answer = {"generation": gen, "assignments": self.assignments(node), "faults": self.node_faults(node)}
         if answer["assignments"]:
             self.cache.answers.pop(node, None)

@@ -43,7 +43,6 @@ class FleetClient:
     Use as ``async with``; :meth:`aclose` closes the pool."""
 
     def __init__(self, *, verify: ssl.SSLContext | bool = True, max_connections: int = 0) -> None:
-        self._ssl: ssl.SSLContext | bool = verify
         self._connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ssl=verify)
         # The body stays as sent (no decompression here): the httpx.Response decodes it by its headers.
         self._session = aiohttp.ClientSession(connector=self._connector, auto_decompress=False)

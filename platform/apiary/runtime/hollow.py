@@ -16,10 +16,11 @@ This module is Apiary's kubemark:
   every :data:`~apiary.runtime.agent.REPORT_POLL_S` (which a real agent needs to notice processes
   that exited), and it records its own latencies (:class:`HollowStats`).
 * :func:`run_hollow_nodes` runs many hollow agents in one asyncio process; every
-  :data:`AGENTS_PER_CLIENT` of them share one ``httpx.AsyncClient`` with bounded connections (one
-  client for all is what kubemark would do, but httpcore's pool walks all its connections, for each
-  idle one, whenever a request starts or ends: quadratic in the connections, so one client for
-  1,000 long-polling agents burnt a whole core and got 118 nodes ready in 15 s).
+  :data:`AGENTS_PER_CLIENT` of them share one :class:`~apiary.runtime.fleet_http.FleetClient`
+  (aiohttp; :mod:`apiary.runtime.fleet_http` says why not httpx) with bounded connections. The
+  grouping dates from httpx: httpcore's pool walks all its connections, for each idle one, whenever
+  a request starts or ends, so one client for 1,000 long-polling agents burnt a whole core and got
+  118 nodes ready in 15 s. It was kept with aiohttp and not measured without.
 
 What each hollow agent measures (all on this host's clocks):
 
@@ -71,7 +72,7 @@ DEFAULT_DURATION_S = 1.0
 #: The exit code of a stopped hollow task: 128 + SIGTERM (15), as OpenPAI reports a task the
 #: stop's SIGTERM killed (apiary.runtime.base).
 EXIT_STOPPED = 143
-#: Agents sharing one ``httpx.AsyncClient`` (module doc: why not all of them).
+#: Agents sharing one :class:`~apiary.runtime.fleet_http.FleetClient` (module doc: why not all of them).
 AGENTS_PER_CLIENT = 25
 #: Connections a client keeps for reports on top of one per agent (each agent's long poll holds one).
 REPORT_CONNECTIONS = 4
@@ -294,7 +295,7 @@ class InlineExecutor(concurrent.futures.ThreadPoolExecutor):
     executor by :func:`run_hollow_nodes`: the node agent hands every backend call to a thread
     (``asyncio.to_thread``), which for a backend in memory costs far more than the call, 5,000
     agents over. Only for a process whose every executor job is short and non-blocking (hollow
-    agents; httpx's address resolution of an IP literal)."""
+    agents; the HTTP client's address resolution of an IP literal)."""
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
         fut: concurrent.futures.Future = concurrent.futures.Future()
@@ -360,8 +361,9 @@ async def run_hollow_nodes(
     ``api_urls``: the control plane's URL(s); node ``i`` (in ``nodes``' order) talks to
     ``api_urls[i % len]``. ``tokens``: node -> that node agent's bearer token (a missing one: no
     token sent, the control plane answers 401 and the node never becomes ready). Every
-    ``agents_per_client`` agents share one ``httpx.AsyncClient`` with at most ``agents_per_client +
-    report_connections`` connections: each agent's long poll holds one, reports share the rest.
+    ``agents_per_client`` agents share one :class:`~apiary.runtime.fleet_http.FleetClient` with at
+    most ``agents_per_client + report_connections`` connections: each agent's long poll holds one,
+    reports share the rest.
     ``ca_cert``: verify HTTPS against this CA (one SSL context for all clients).
     Agents start ``ramp_s`` apart in all (default :data:`RAMP_S_PER_1000` per 1,000 nodes), each
     with a random first-heartbeat phase in ``[0, heartbeat_s)`` (``seed`` seeds it); each long poll

@@ -18,6 +18,7 @@ from fastapi.concurrency import run_in_threadpool
 from apiary.api.auth import Admin, NodeAgent
 from apiary.api.deps import Plane, Waiters
 from apiary.api.guards import plain_text
+from apiary.api.heartbeat import grace_header_value, take_bare_heartbeat
 from apiary.api.schemas import (
     ERROR_RESPONSES,
     MAX_OFFSET,
@@ -45,7 +46,7 @@ _GRACE_DOC: dict[int | str, dict[str, Any]] = {200: {"headers": {GRACE_HEADER: {
 
 
 def _tell_grace(response: Response, plane: ControlPlane) -> None:
-    response.headers[GRACE_HEADER] = f"{plane.nodes.node_lost_after_s:g}"
+    response.headers[GRACE_HEADER] = grace_header_value(plane)
 
 
 _LOG_BODY = {
@@ -66,9 +67,7 @@ async def node_status(node: str, report: NodeReport, plane: Plane, _agent: NodeA
     _tell_grace(response, plane)
     # A bare heartbeat that changes nothing stored is answered here in the event loop; the rest
     # (runs, logs, new facts) in a worker thread, as it waits for the plane's lock and the store.
-    if not report.runs and not report.logs and report.cannotRecord is None and plane.bare_heartbeat(
-            node, gpus=report.gpus, simulated_gpus=report.simulatedGpus, address=report.address,
-            agent_id=report.agentId, metrics_url=report.metricsUrl, faults_applied=report.faultsApplied):
+    if take_bare_heartbeat(plane, node, report):
         return {"ack": []}
     plane.hear(node)  # on arrival: the node is alive even while its report waits for a worker thread
     return await to_thread.run_sync(_report, node, report, plane, limiter=_report_threads())
