@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -420,10 +421,13 @@ def measure_hollow(nodes: int, *, processes: int = 1, database: str = "postgresq
                    stream_rate: float = STREAM_RATE, stream_s: float = STREAM_S, job_sleep_s: float = JOB_SLEEP_S,
                    burst_jobs: int = BURST_JOBS, burst_clients: int = BURST_CLIENTS, profile: Path | None = None,
                    ready_timeout_s: float | None = None, auth_cache_ttl_s: float | None = None,
-                   heartbeat_s: float = HEARTBEAT_S, long_poll_s: float = LONG_POLL_S) -> dict:
+                   heartbeat_s: float = HEARTBEAT_S, long_poll_s: float = LONG_POLL_S,
+                   keep: Path | None = None) -> dict:
     """One run at ``nodes`` hollow nodes; returns the ``cluster.hollow_<nodes>`` object (keys in
     bench/README.md). Raises when the deployment cannot start or a hollow process dies; waits for
-    the nodes to be ready at most ``ready_timeout_s`` (default 120 s + 30 ms per node)."""
+    the nodes to be ready at most ``ready_timeout_s`` (default 120 s + 30 ms per node). ``keep``: a
+    folder to copy the hollow processes' stats files to (every report's time and latency, every
+    failed report's kind: :meth:`apiary.runtime.hollow.HollowReport.to_dict`)."""
     if ready_timeout_s is None:
         ready_timeout_s = 120.0 + 0.03 * nodes
     with tempfile.TemporaryDirectory(prefix="apiary-cluster-bench-") as tmp:
@@ -431,7 +435,7 @@ def measure_hollow(nodes: int, *, processes: int = 1, database: str = "postgresq
         dep = start_control_plane(root, nodes, database, profile=profile, auth_cache_ttl_s=auth_cache_ttl_s)
         try:
             return _measure(dep, root, nodes, processes, database, idle_s, stream_rate, stream_s, job_sleep_s,
-                            burst_jobs, burst_clients, ready_timeout_s, heartbeat_s, long_poll_s)
+                            burst_jobs, burst_clients, ready_timeout_s, heartbeat_s, long_poll_s, keep)
         finally:
             dep.stop()
             # kept for a post-mortem: the temporary directory goes
@@ -441,7 +445,7 @@ def measure_hollow(nodes: int, *, processes: int = 1, database: str = "postgresq
 
 def _measure(dep: Deployment, root: Path, nodes: int, processes: int, database: str, idle_s: float,
              stream_rate: float, stream_s: float, job_sleep_s: float, burst_jobs: int, burst_clients: int,
-             ready_timeout_s: float, heartbeat_s: float, long_poll_s: float) -> dict:
+             ready_timeout_s: float, heartbeat_s: float, long_poll_s: float, keep: Path | None) -> dict:
     admin = ApiaryClient(dep.api, timeout=120, token=(dep.home / "token").read_text().strip())
     admin.create_user(BENCH_USER)
     token = admin.create_token(BENCH_USER, description="bench", expires_in_s=None)["token"]
@@ -497,15 +501,22 @@ def _measure(dep: Deployment, root: Path, nodes: int, processes: int, database: 
     beats: list[tuple[float, float]] = []
     received: dict[str, dict] = {}
     lag: list[float] = []
-    report_errors = 0
+    errors: list[tuple[float, str]] = []
     hollow_cpu = 0.0
+    gc_pauses: list[float] = []
     for path in stats_paths:
         d = json.loads(path.read_text())
         beats += [(t, s) for _, t, s in d["beats"]]
         received.update(d["received"])
         lag += [s for _, s in d["loopLag"]]
-        report_errors += d["reportErrors"]
+        errors += [(t, kind) for _, t, kind in d["reportErrors"]]
         hollow_cpu += d["cpuS"]
+        gc_pauses += [s for _, _, s in d["gcPauses"]]
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, keep / path.name)
+    windows = {"startup": (0.0, idle_t0), "idle": (idle_t0, idle_t1), "stream": (idle_t1, stream_t1),
+               "burst": (stream_t1, burst_t1), "after": (burst_t1, float("inf"))}
     delivery = []
     mine = set(ids)
     for run_id, r in received.items():
@@ -542,7 +553,13 @@ def _measure(dep: Deployment, root: Path, nodes: int, processes: int, database: 
         "heartbeat_idle_p99_ms": _ms(_window(beats, idle_t0, idle_t1), 99),
         "heartbeat_stream_p99_ms": _ms(_window(beats, idle_t1, stream_t1), 99),
         "heartbeat_burst_p99_ms": _ms(_window(beats, stream_t1, burst_t1), 99),
-        "report_errors": report_errors,
+        "report_errors": len(errors),
+        # Failed reports by window (startup: before the idle window, until every node was ready and
+        # SETTLE_S more; after: while the jobs finished) and kind (HTTP status or exception class).
+        "report_errors_by_window": {
+            name: dict(Counter(kind for t, kind in errors if t0 <= t < t1).most_common())
+            for name, (t0, t1) in windows.items()
+        },
         "assignment_p50_ms": _ms(delivery, 50),
         "assignment_p99_ms": _ms(delivery, 99),
         "assignment_max_ms": _ms(delivery, 100),
@@ -560,6 +577,9 @@ def _measure(dep: Deployment, root: Path, nodes: int, processes: int, database: 
         "jobs_succeeded": states.get("SUCCEEDED", 0),
         "jobs_states": states,
         "hollow_loop_lag_p99_ms": _ms(lag, 99),
+        # The hollow processes' cyclic-GC pauses of 5 ms or more (apiary.runtime.hollow.GcPauses).
+        "hollow_gc_pauses": len(gc_pauses),
+        "hollow_gc_pause_max_ms": _ms(gc_pauses, 100),
         "hollow_cpu_cores_mean": round(hollow_cpu / hollow_wall, 3) if hollow_wall else None,
         "settings": {"idle_s": idle_s, "stream_rate": stream_rate, "stream_s": stream_s, "job_sleep_s": job_sleep_s,
                      "burst_jobs": burst_jobs, "burst_clients": burst_clients, "settle_s": SETTLE_S,
@@ -652,6 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_S)
     ap.add_argument("--long-poll-s", type=float, default=LONG_POLL_S)
     ap.add_argument("--profile", type=Path, help="cProfile the control plane into this file")
+    ap.add_argument("--keep", type=Path, help="copy the hollow processes' stats files (every report) here")
     ap.add_argument("--auth-cache-ttl", type=float, help="experiment: the control plane's token cache TTL (s)")
     ap.add_argument("--profiled-control-plane", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -666,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
                        idle_s=args.idle_s, stream_s=args.stream_s, burst_jobs=args.burst_jobs,
                        profile=args.profile.resolve() if args.profile else None,
                        auth_cache_ttl_s=args.auth_cache_ttl, heartbeat_s=args.heartbeat_s,
-                       long_poll_s=args.long_poll_s)
+                       long_poll_s=args.long_poll_s, keep=args.keep)
     print(json.dumps(r, indent=2))
     return 0
 

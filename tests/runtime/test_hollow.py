@@ -5,6 +5,7 @@ jobs succeed, fail with their exit code, and stop."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import socket
@@ -23,8 +24,10 @@ from apiary.runtime.base import TaskLaunch
 from apiary.runtime.hollow import (
     DEFAULT_DURATION_S,
     EXIT_STOPPED,
+    GcPauses,
     HollowAgent,
     HollowBackend,
+    report_error_kind,
     run_hollow_nodes,
     task_plan,
 )
@@ -153,6 +156,43 @@ def test_hollow_agent_records_when_it_first_saw_each_run_assignment() -> None:
     with pytest.raises(ValidationError):
         HollowAgent("n1", "http://unused", HollowBackend(), client=None, heartbeat_s=0.5)  # type: ignore[arg-type]
 
+
+
+def test_a_failed_report_is_recorded_with_its_time_and_kind() -> None:
+    answers = iter([httpx.Response(503, json={"code": "UnavailableError", "message": "busy"}),
+                    httpx.ReadTimeout("slow"), httpx.Response(200, json={"ack": []})])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def go() -> HollowAgent:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            agent = HollowAgent("n1", "http://cp.test", HollowBackend(gpus=1), client=client)
+            for _ in range(2):
+                with pytest.raises(httpx.HTTPError):
+                    await agent._report_once()
+            await agent._report_once()
+            return agent
+
+    t0 = time.time()
+    agent = asyncio.run(go())
+    assert [kind for _, kind in agent.stats.report_errors] == ["HTTP 503", "ReadTimeout"]
+    assert all(t0 <= t <= time.time() for t, _ in agent.stats.report_errors)
+    assert len(agent.stats.beats) == 1  # the third one was answered
+    assert report_error_kind(httpx.ConnectError("refused")) == "ConnectError"
+
+
+def test_gc_pauses_records_collections_at_least_as_long_as_its_floor() -> None:
+    with GcPauses(min_s=0.0) as every:
+        gc.collect()
+    assert every.pauses and every.pauses[-1][1] == 2 and every.pauses[-1][2] >= 0.0
+    assert every._callback not in gc.callbacks  # removed on exit
+    with GcPauses(min_s=3600.0) as none:
+        gc.collect()
+    assert none.pauses == []
 
 # ---------------------------------------------------------------------- against a real control plane
 NODES = 20

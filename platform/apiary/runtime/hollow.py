@@ -28,6 +28,8 @@ What each hollow agent measures (all on this host's clocks):
   ``time.perf_counter`` from entering :meth:`NodeAgent._report_once` to its return after the
   control plane's answer was parsed. The event loop's own delays (a busy hollow process) are in it,
   as they are for a real agent on a busy host; ``loop_lag`` says how busy it was.
+* ``report_errors``: ``(wall time, kind)`` of every report that failed, the kind an HTTP status
+  or the exception's class (:func:`report_error_kind`).
 * ``received``: for every ``RUN`` assignment the first time it is seen, ``time.time()`` when the
   long poll's answer reached :meth:`NodeAgent._reconcile` (after the JSON was parsed, before the
   launch). Set against the ``job.placed`` event's ``time`` in ``GET /api/v2/events`` (the control
@@ -44,6 +46,7 @@ import asyncio
 import builtins
 import concurrent.futures
 import contextlib
+import gc
 import logging
 import random
 import re
@@ -209,16 +212,26 @@ class HollowBackend(RuntimeBackend):
                           finished_at=None)
 
 
+def report_error_kind(exc: BaseException) -> str:
+    """A failed report's kind, for counting: ``"HTTP <status>"`` for an answer with an error status
+    (httpx's ``HTTPStatusError``, what the agent's ``raise_for_status`` raises), else the
+    exception's class name (``ReadTimeout``, ``ConnectError``, ...)."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"HTTP {exc.response.status_code}"
+    return type(exc).__name__
+
+
 @dataclass
 class HollowStats:
     """One hollow agent's own measurements (module doc says exactly what each is).
 
     ``beats``: ``(unix time sent, round trip s)`` per report sent; ``report_errors``: reports that
-    failed (HTTP error, timeout); ``received``: run id -> ``{"at": unix s, "job", "taskRole",
+    failed (HTTP error, timeout), each ``(unix time sent, kind)``, the kind as
+    :func:`report_error_kind` names it; ``received``: run id -> ``{"at": unix s, "job", "taskRole",
     "index"}`` for each ``RUN`` assignment, the first time it was seen."""
 
     beats: list[tuple[float, float]] = field(default_factory=list)
-    report_errors: int = 0
+    report_errors: list[tuple[float, str]] = field(default_factory=list)
     received: dict[str, dict] = field(default_factory=dict)
 
 
@@ -255,10 +268,11 @@ class HollowAgent(NodeAgent):
     async def _report_once(self) -> None:
         before = self._last_beat
         t0 = time.perf_counter()
+        sent = time.time()
         try:
             await super()._report_once()
-        except Exception:
-            self.stats.report_errors += 1
+        except Exception as exc:
+            self.stats.report_errors.append((sent, report_error_kind(exc)))
             raise
         if self._last_beat != before:  # a report was sent and answered
             self.stats.beats.append((time.time(), time.perf_counter() - t0))
@@ -311,25 +325,52 @@ class HollowReport:
     """What :func:`run_hollow_nodes` measured: every agent's :class:`HollowStats` by node,
     ``loop_lag``: ``(unix time, s)`` by which a 0.1 s sleep of the event loop overshot (how busy
     the hollow process was), ``cpu_s``: this process's CPU seconds (user + system) while it ran,
-    ``wall_s``: how long it ran."""
+    ``wall_s``: how long it ran, ``gc_pauses``: :class:`GcPauses`' ``(unix time, generation, s)``."""
 
     stats: dict[str, HollowStats]
     loop_lag: list[tuple[float, float]]
     cpu_s: float
     wall_s: float
+    gc_pauses: list[tuple[float, int, float]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        """JSON-ready: ``{"beats": [[node, t, s], ...], "reportErrors", "received": {run id: {...,
-        "node"}}, "loopLag": [[t, s], ...], "cpuS", "wallS", "nodes"}``."""
+        """JSON-ready: ``{"beats": [[node, t, s], ...], "reportErrors": [[node, t, kind], ...],
+        "received": {run id: {..., "node"}}, "loopLag": [[t, s], ...], "gcPauses": [[t, generation, s],
+        ...], "cpuS", "wallS", "nodes"}``."""
         return {
             "nodes": len(self.stats),
             "beats": [[n, round(t, 4), round(s, 6)] for n, st in self.stats.items() for t, s in st.beats],
-            "reportErrors": sum(st.report_errors for st in self.stats.values()),
+            "reportErrors": [[n, round(t, 4), kind] for n, st in self.stats.items() for t, kind in st.report_errors],
             "received": {rid: {**r, "node": n} for n, st in self.stats.items() for rid, r in st.received.items()},
             "loopLag": [[round(t, 4), round(s, 6)] for t, s in self.loop_lag],
+            "gcPauses": [[round(t, 4), g, round(s, 6)] for t, g, s in self.gc_pauses],
             "cpuS": round(self.cpu_s, 3),
             "wallS": round(self.wall_s, 3),
         }
+
+
+class GcPauses:
+    """The cyclic collector's pauses in this process while entered: ``pauses`` holds ``(unix time,
+    generation, seconds)`` of every collection that took at least ``min_s`` (gc.callbacks' start
+    and stop, on ``time.perf_counter``). A long one stalls every hollow agent of the process at once."""
+
+    def __init__(self, min_s: float = 0.005) -> None:
+        self.min_s = min_s
+        self.pauses: list[tuple[float, int, float]] = []
+        self._t0 = 0.0
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif (took := time.perf_counter() - self._t0) >= self.min_s:
+            self.pauses.append((time.time(), int(info.get("generation", -1)), took))
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
 
 
 async def _watch_loop_lag(stop: asyncio.Event, out: list[tuple[float, float]], period_s: float = 0.1) -> None:
@@ -390,7 +431,9 @@ async def run_hollow_nodes(
     me = psutil.Process()
     cpu0, t0 = sum(me.cpu_times()[:2]), time.monotonic()
     lag: list[tuple[float, float]] = []
+    gc_pauses = GcPauses()
     async with contextlib.AsyncExitStack() as clients:
+        clients.enter_context(gc_pauses)
         agents: list[HollowAgent] = []
         for i, (name, gpus) in enumerate(nodes.items()):
             if i % agents_per_client == 0:
@@ -412,4 +455,4 @@ async def run_hollow_nodes(
         await asyncio.gather(*(start(i, a) for i, a in enumerate(agents)))
         await lag_task
     return HollowReport({a.node: a.stats for a in agents}, lag, sum(me.cpu_times()[:2]) - cpu0,
-                        time.monotonic() - t0)
+                        time.monotonic() - t0, gc_pauses.pauses)
