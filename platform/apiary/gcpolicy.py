@@ -22,9 +22,10 @@ The policy (:func:`install`):
 
 :func:`settle` collects and freezes the whole heap; the control plane calls it where a pause is
 expected anyway (the scheduler rebuilt from the store at start, a cluster reconfiguration). Both
-are process-wide: the control-plane process (:func:`apiary.wiring.serve`) and the
-scheduler benchmark install the policy; library users and tests that embed a plane do not, and
-:func:`settle` does nothing in a process that did not :func:`install`.
+are process-wide: the control-plane process (:func:`apiary.wiring.serve`), ``apiary hollow-nodes``
+(thousands of agents in one process) and the scheduler benchmark install the policy; library
+users and tests that embed a plane do not, and :func:`settle` does nothing in a process that did
+not :func:`install`.
 """
 
 from __future__ import annotations

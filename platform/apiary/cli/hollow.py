@@ -12,6 +12,7 @@ from pathlib import Path
 
 import typer
 
+from apiary import gcpolicy
 from apiary.cli.common import err, settings, setup_logging
 
 
@@ -90,6 +91,11 @@ def hollow_nodes(
     from apiary.runtime.hollow import run_hollow_nodes
 
     setup_logging(verbose)
+    # Thousands of agents are a large, long-lived heap: CPython's full collections of it paused this
+    # process's event loop, every agent at once, for up to 0.97 s at 2,500 agents a process
+    # (bench/cluster.py at 5,000 nodes, hollow_gc_pause_max_ms). The control plane's policy keeps
+    # them short (apiary.gcpolicy).
+    gcpolicy.install()
     creds = (credentials or settings().credentials_dir).expanduser()
     tokens = read_tokens(creds)
     if not tokens:
