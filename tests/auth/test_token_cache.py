@@ -74,3 +74,29 @@ def test_agent_tokens_cached_at_one_instant_fall_due_over_the_second_half_of_the
     assert due_by[29.0] == 0  # none before half the TTL
     assert 0 < due_by[45.0] < 200  # some by three quarters: spread, not one burst
     assert due_by[60.0] == 200  # every one by the TTL
+
+
+def test_a_group_change_forgets_user_principals_but_keeps_the_fleets_agent_tokens(world) -> None:
+    directory, _, _ = world
+    directory.create_user("alice")
+    user = directory.create_token("user", "alice").token
+    agents = [directory.create_token("agent", f"node-{i}").token for i in range(3)]
+    for token in (user, *agents):
+        directory.authenticate(token)
+    directory.create_group("team", virtual_clusters=["vc1"])
+    directory.set_member("team", "alice")
+    assert directory.authenticate_cached(user) is None  # her groups changed: read again
+    assert directory.authenticate(user).virtual_clusters == frozenset({"vc1"})
+    assert all(directory.authenticate_cached(t) is not None for t in agents)  # no fleet-wide re-read
+
+
+def test_revoking_one_token_forgets_that_token_only(world) -> None:
+    directory, _, _ = world
+    first, second = directory.create_token("agent", "node-1"), directory.create_token("agent", "node-2")
+    for new in (first, second):
+        directory.authenticate(new.token)
+    directory.revoke_token(first.info["id"])
+    assert directory.authenticate_cached(first.token) is None
+    assert directory.authenticate_cached(second.token) is not None
+    with pytest.raises(UnauthorizedError):
+        directory.authenticate(first.token)

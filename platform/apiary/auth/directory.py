@@ -13,7 +13,9 @@ Node agents' tokens are kept longer: thousands of agents each report every few s
 token read per report was most of a fleet's authentication cost. Only the leader authenticates
 them (followers forward every agent call, :mod:`apiary.api.replica`), and a revocation is a write
 on the leader that clears its cache at once, so the longer time bounds nothing but a manual SQL
-change (Kubernetes keeps a webhook's token verdicts 2 min: --authentication-token-webhook-cache-ttl).
+change (Kubernetes keeps a webhook's token verdicts 2 min: --authentication-token-webhook-cache-ttl,
+the default ``agent_cache_ttl_s`` here). A change of users or groups forgets only user principals;
+a revocation forgets that token.
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ class Directory:
     UnavailableError (503: the store cannot commit)."""
 
     def __init__(self, sessions: Sessions, *, clock: Callable[[], float] = time.time,
-                 cache_ttl_s: float = 5.0, agent_cache_ttl_s: float = 60.0) -> None:
+                 cache_ttl_s: float = 5.0, agent_cache_ttl_s: float = 120.0) -> None:
         self._sessions = sessions
         self._clock = clock
         self._ttl = cache_ttl_s
@@ -204,9 +206,17 @@ class Directory:
                 raise NoUserError(f"User {name} not found.")
             return self._user_principal(s, name, token_id="", expires=None)
 
-    def _changed(self) -> None:
+    def _users_changed(self) -> None:
+        """After a commit that changed users, groups, memberships or grants: forget the cached user
+        principals (their groups and VCs may be stale). Agents' and services' principals name no
+        group, so a fleet's thousands of agent tokens stay cached (clearing them all made every
+        agent's next report read the store at once)."""
         with self._lock:
-            self._cache.clear()
+            self._cache = {k: v for k, v in self._cache.items() if v[1].kind != "user"}
+
+    def _token_revoked(self, token_id: str) -> None:
+        with self._lock:
+            self._cache.pop(token_id, None)
 
     # ------------------------------------------------------------------ users and groups
     def _user_json(self, s: Session, u: User) -> dict:
@@ -247,7 +257,7 @@ class Directory:
             uow.flush()
             for g in groups:
                 s.add(GroupMember(group=g, user=name))
-            uow.after_commit(self._changed)
+            uow.after_commit(self._users_changed)
         logger.info("user created name=%s groups=%s", name, ",".join(groups))
         return self.get_user(name)
 
@@ -264,7 +274,7 @@ class Directory:
                                                    Token.revoked.is_(None))):
                 t.revoked = self._clock()
             s.execute(delete(User).where(User.name == name))
-            uow.after_commit(self._changed)
+            uow.after_commit(self._users_changed)
 
     def list_groups(self, name: str | None = None) -> list[dict]:
         """``[{"name", "admin", "description", "members", "virtualClusters"}]`` sorted by name
@@ -307,7 +317,7 @@ class Directory:
                 uow.flush()
                 for vc in sorted(set(virtual_clusters)):
                     s.add(GroupGrant(group=name, virtual_cluster=vc))
-                uow.after_commit(self._changed)
+                uow.after_commit(self._users_changed)
         return self.get_group(name)
 
     def delete_group(self, name: str) -> None:
@@ -321,7 +331,7 @@ class Directory:
             s.execute(delete(GroupMember).where(GroupMember.group == name))
             s.execute(delete(GroupGrant).where(GroupGrant.group == name))
             s.execute(delete(Group).where(Group.name == name))
-            uow.after_commit(self._changed)
+            uow.after_commit(self._users_changed)
 
     def set_member(self, group: str, user: str, member: bool = True) -> dict:
         """Add ``user`` to ``group`` (or remove them). Idempotent. Raises NoGroupError,
@@ -338,7 +348,7 @@ class Directory:
             elif not member and row is not None:
                 _keep_an_admin(s, f"Removing user {user} from group {group}", without_member=(group, user))
                 s.delete(row)
-            uow.after_commit(self._changed)
+            uow.after_commit(self._users_changed)
         return self.get_group(group)
 
     def set_grant(self, group: str, virtual_cluster: str, granted: bool = True) -> dict:
@@ -352,7 +362,7 @@ class Directory:
                 s.add(GroupGrant(group=group, virtual_cluster=virtual_cluster))
             elif not granted and row is not None:
                 s.delete(row)
-            uow.after_commit(self._changed)
+            uow.after_commit(self._users_changed)
         return self.get_group(group)
 
     # ------------------------------------------------------------------ tokens
@@ -423,7 +433,7 @@ class Directory:
             if row.revoked is None:
                 row.revoked = self._clock()
             info = _token_info(row)
-            uow.after_commit(self._changed)
+            uow.after_commit(lambda: self._token_revoked(token_id))
         logger.info("token revoked id=%s", token_id)
         return info
 
