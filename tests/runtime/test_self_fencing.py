@@ -23,7 +23,7 @@ from tests.support.plane import CAROL, DAN, Harness
 
 from apiary.errors import PlaintextTokenError, ValidationError
 from apiary.lifecycle import EXIT_NODE_LOST
-from apiary.runtime.agent import NodeAgent
+from apiary.runtime.agent import HEARTBEAT_JITTER, NodeAgent
 from apiary.runtime.link import (
     GRACE_HEADER,
     ContactClock,
@@ -479,3 +479,25 @@ def test_heartbeats_come_at_least_three_times_before_the_fence(tmp_path, urls, g
     agent = NodeAgent("n1", urls, ProcessBackend(tmp_path / "n1"), None, gpus=1, simulated_gpus=True,
                       contact=ContactClock(grace))
     assert agent.heartbeat_period_s() == period
+    agent._beat_jitter = 1.0 + HEARTBEAT_JITTER  # the latest a jittered heartbeat can come
+    assert agent.heartbeat_period_s() == pytest.approx(period * (1.0 + HEARTBEAT_JITTER))
+    if agent.self_fence:  # two lost heartbeats in a row still leave the agent short of its fence
+        assert 2 * agent.heartbeat_period_s() < agent.contact.fence_after_s()
+
+
+def test_each_answered_report_draws_the_next_periods_jitter(tmp_path):
+    async def go() -> list[float]:
+        answer = httpx.MockTransport(lambda request: httpx.Response(200, json={"ack": []}))
+        async with httpx.AsyncClient(transport=answer) as client:
+            agent = NodeAgent("n1", "http://127.0.0.1:9", ProcessBackend(tmp_path / "n1"), client, gpus=1,
+                              simulated_gpus=True)
+            drawn = []
+            for _ in range(20):
+                agent._last_beat = 0.0  # due
+                await agent._report_once()
+                drawn.append(agent._beat_jitter)
+            return drawn
+
+    drawn = asyncio.run(go())
+    assert all(1.0 <= j <= 1.0 + HEARTBEAT_JITTER for j in drawn)
+    assert len(set(drawn)) > 1  # drawn anew, not one stretch for good

@@ -51,6 +51,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import random
 import ssl
 import sys
 import time
@@ -84,6 +85,10 @@ if TYPE_CHECKING:  # imported for real in run_agents: agents without metrics nev
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_S = 2.0
+#: Each bare heartbeat comes up to this fraction of the period late, drawn anew each time: the
+#: kubelet's node status loop (wait.JitterUntil with jitter factor 0.04). A fleet whose agents got
+#: in step (all started or answered at once) drifts apart again instead of beating in bursts.
+HEARTBEAT_JITTER = 0.04
 REPORT_POLL_S = 0.25
 LONG_POLL_S = 10.0
 LOG_CHUNK = 256 * 1024
@@ -185,6 +190,7 @@ class NodeAgent:
         self._inline = True  # output rides in reports (NodeReport.logs) unless the control plane ignores it
         self._report_now = asyncio.Event()
         self._last_beat = 0.0
+        self._beat_jitter = 1.0  # this period's stretch, 1 to 1 + HEARTBEAT_JITTER (redrawn per report)
         self.metrics_url = metrics_url
         self._labels: dict[str, dict] = {}  # run_id -> metric labels and gpus, from the assignments
         self.faults = SimulatedFaults(node)  # injected simulated-GPU faults (apiary.runtime.faults)
@@ -229,10 +235,12 @@ class NodeAgent:
 
     def heartbeat_period_s(self) -> float:
         """Seconds between bare heartbeats: :attr:`heartbeat_s`, or a third of the time before the fence
-        when that is shorter (a short grace), so that two lost heartbeats in a row never fence."""
+        when that is shorter (a short grace), so that two lost heartbeats in a row never fence;
+        stretched by this period's jitter (at most :data:`HEARTBEAT_JITTER`: two periods stay well
+        inside the fence)."""
         if not self.self_fence:
-            return self.heartbeat_s
-        return max(0.1, min(self.heartbeat_s, self.contact.fence_after_s() / 3))
+            return self.heartbeat_s * self._beat_jitter
+        return max(0.1, min(self.heartbeat_s, self.contact.fence_after_s() / 3)) * self._beat_jitter
 
     def _exchange_timeout_s(self) -> float:
         """Timeout of one report or log upload, seconds: bounded by the grace while self-fencing
@@ -613,6 +621,7 @@ class NodeAgent:
                                 timeout=self._exchange_timeout_s())
         self._answered(sent, r)
         self._last_beat = now
+        self._beat_jitter = 1.0 + random.uniform(0.0, HEARTBEAT_JITTER)
         self._sent_problem = problem
         answer = r.json()
         if inline and answer.get("logs") is None:

@@ -279,7 +279,7 @@ class HollowAgent(NodeAgent):
 
     def _wake_in(self) -> float:
         """Seconds until the next report is due: a heartbeat or the end of a timer task."""
-        due = self._last_beat + self.heartbeat_s - time.monotonic()
+        due = self._last_beat + self.heartbeat_period_s() - time.monotonic()
         ends = self.hollow.next_exit()
         if ends is not None:
             due = min(due, ends - time.time())
