@@ -23,7 +23,7 @@ from tests.support.plane import CAROL, DAN, Harness
 
 from apiary.errors import PlaintextTokenError, ValidationError
 from apiary.lifecycle import EXIT_NODE_LOST
-from apiary.runtime.agent import HEARTBEAT_JITTER, NodeAgent
+from apiary.runtime.agent import HEARTBEAT_JITTER, REPORT_RETRY_MIN_S, NodeAgent
 from apiary.runtime.link import (
     GRACE_HEADER,
     ContactClock,
@@ -501,3 +501,28 @@ def test_each_answered_report_draws_the_next_periods_jitter(tmp_path):
     drawn = asyncio.run(go())
     assert all(1.0 <= j <= 1.0 + HEARTBEAT_JITTER for j in drawn)
     assert len(set(drawn)) > 1  # drawn anew, not one stretch for good
+
+
+def test_failed_reports_are_retried_after_a_random_wait_that_grows_up_to_one_heartbeat_period(tmp_path):
+    answers = [httpx.Response(503, json={"code": "UnavailableError", "message": "busy"})] * 8
+    answers.append(httpx.Response(200, json={"ack": []}))
+    it = iter(answers)
+
+    async def go() -> tuple[NodeAgent, list[float]]:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(lambda request: next(it))) as client:
+            agent = NodeAgent("n1", "https://198.18.0.2:8470", ProcessBackend(tmp_path / "n1"), client, gpus=1,
+                              simulated_gpus=True, contact=ContactClock(30.0))
+            waits = []
+            for _ in range(8):
+                with pytest.raises(httpx.HTTPStatusError):
+                    await agent._report_once()
+                waits.append(agent.report_retry_s())
+            await agent._report_once()
+            return agent, waits
+
+    agent, waits = asyncio.run(go())
+    period = agent.heartbeat_period_s()
+    assert all(REPORT_RETRY_MIN_S <= w <= period * (1.0 + HEARTBEAT_JITTER) for w in waits)
+    assert waits[0] <= 2 * REPORT_RETRY_MIN_S  # the first retry comes soon
+    assert len(set(waits)) == len(waits)  # drawn, so agents that failed together retry apart
+    assert agent._failed_reports == 0  # an answered report starts the backoff afresh

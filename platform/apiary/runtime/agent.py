@@ -89,6 +89,12 @@ HEARTBEAT_S = 2.0
 #: kubelet's node status loop (wait.JitterUntil with jitter factor 0.04). A fleet whose agents got
 #: in step (all started or answered at once) drifts apart again instead of beating in bursts.
 HEARTBEAT_JITTER = 0.04
+#: After a failed report the next try waits a time drawn evenly between this and a cap that doubles
+#: with each failure in a row, up to one heartbeat period ("full jitter" backoff: AWS Architecture
+#: Blog, "Exponential Backoff And Jitter", 2015). A fleet whose reports failed together (a control
+#: plane restarting or swamped at start) comes back spread out, not in step: with a fixed retry its
+#: agents succeeded in waves and kept beating in bursts of 2-3 times the mean rate.
+REPORT_RETRY_MIN_S = 0.5
 REPORT_POLL_S = 0.25
 LONG_POLL_S = 10.0
 LOG_CHUNK = 256 * 1024
@@ -191,6 +197,7 @@ class NodeAgent:
         self._report_now = asyncio.Event()
         self._last_beat = 0.0
         self._beat_jitter = 1.0  # this period's stretch, 1 to 1 + HEARTBEAT_JITTER (redrawn per report)
+        self._failed_reports = 0  # reports that failed in a row (the retry's backoff)
         self.metrics_url = metrics_url
         self._labels: dict[str, dict] = {}  # run_id -> metric labels and gpus, from the assignments
         self.faults = SimulatedFaults(node)  # injected simulated-GPU faults (apiary.runtime.faults)
@@ -241,6 +248,15 @@ class NodeAgent:
         if not self.self_fence:
             return self.heartbeat_s * self._beat_jitter
         return max(0.1, min(self.heartbeat_s, self.contact.fence_after_s() / 3)) * self._beat_jitter
+
+    def report_retry_s(self) -> float:
+        """Seconds to wait before trying again after a report failed (counts the failure): drawn
+        evenly from [:data:`REPORT_RETRY_MIN_S`, cap], the cap doubling per failure in a row from
+        twice the minimum up to :meth:`heartbeat_period_s`: an agent whose reports fail never waits
+        longer between tries than between heartbeats."""
+        self._failed_reports += 1
+        cap = min(self.heartbeat_period_s(), REPORT_RETRY_MIN_S * 2.0 ** min(self._failed_reports, 16))
+        return random.uniform(REPORT_RETRY_MIN_S, max(REPORT_RETRY_MIN_S, cap))
 
     def _exchange_timeout_s(self) -> float:
         """Timeout of one report or log upload, seconds: bounded by the grace while self-fencing
@@ -553,10 +569,10 @@ class NodeAgent:
                 await self._report_once()
             except (httpx.HTTPError, ValueError) as e:
                 logger.debug("node=%s report failed: %s", self.node, e)
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(self.report_retry_s())
             except Exception as exc:  # a backend or a bug must not end the heartbeats' loop either
                 logger.error("node=%s report failed: %s", self.node, describe_error(exc))
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(self.report_retry_s())
 
     async def _report_once(self) -> None:
         problem = await asyncio.to_thread(self.check_recording)
@@ -622,6 +638,7 @@ class NodeAgent:
         self._answered(sent, r)
         self._last_beat = now
         self._beat_jitter = 1.0 + random.uniform(0.0, HEARTBEAT_JITTER)
+        self._failed_reports = 0
         self._sent_problem = problem
         answer = r.json()
         if inline and answer.get("logs") is None:

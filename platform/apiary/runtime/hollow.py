@@ -298,10 +298,10 @@ class HollowAgent(NodeAgent):
                 await self._report_once()
             except (httpx.HTTPError, ValueError) as e:
                 logger.debug("node=%s report failed: %s", self.node, e)
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(self.report_retry_s())
             except Exception as exc:
                 logger.error("node=%s report failed: %s: %s", self.node, type(exc).__name__, exc)
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(self.report_retry_s())
 
 
 class InlineExecutor(concurrent.futures.ThreadPoolExecutor):
