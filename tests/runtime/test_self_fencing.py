@@ -23,7 +23,7 @@ from tests.support.plane import CAROL, DAN, Harness
 
 from apiary.errors import PlaintextTokenError, ValidationError
 from apiary.lifecycle import EXIT_NODE_LOST
-from apiary.runtime.agent import HEARTBEAT_JITTER, REPORT_RETRY_MIN_S, NodeAgent
+from apiary.runtime.agent import HEARTBEAT_JITTER, RECOVERY_PERIOD_MIN, REPORT_RETRY_MIN_S, NodeAgent
 from apiary.runtime.link import (
     GRACE_HEADER,
     ContactClock,
@@ -493,14 +493,15 @@ def test_each_answered_report_draws_the_next_periods_jitter(tmp_path):
                               simulated_gpus=True)
             drawn = []
             for _ in range(20):
-                agent._last_beat = 0.0  # due
                 await agent._report_once()
                 drawn.append(agent._beat_jitter)
+                agent._last_beat -= 1000.0  # due again
             return drawn
 
-    drawn = asyncio.run(go())
-    assert all(1.0 <= j <= 1.0 + HEARTBEAT_JITTER for j in drawn)
-    assert len(set(drawn)) > 1  # drawn anew, not one stretch for good
+    first, *rest = asyncio.run(go())
+    assert RECOVERY_PERIOD_MIN <= first <= 1.0  # the first period: a random phase, never longer than a period
+    assert all(1.0 <= j <= 1.0 + HEARTBEAT_JITTER for j in rest)
+    assert len(set(rest)) > 1  # drawn anew, not one stretch for good
 
 
 def test_failed_reports_are_retried_after_a_random_wait_that_grows_up_to_one_heartbeat_period(tmp_path):
@@ -521,8 +522,9 @@ def test_failed_reports_are_retried_after_a_random_wait_that_grows_up_to_one_hea
             return agent, waits
 
     agent, waits = asyncio.run(go())
-    period = agent.heartbeat_period_s()
+    period = agent.heartbeat_period_s() / agent._beat_jitter  # the period, unstretched
     assert all(REPORT_RETRY_MIN_S <= w <= period * (1.0 + HEARTBEAT_JITTER) for w in waits)
     assert waits[0] <= 2 * REPORT_RETRY_MIN_S  # the first retry comes soon
     assert len(set(waits)) == len(waits)  # drawn, so agents that failed together retry apart
     assert agent._failed_reports == 0  # an answered report starts the backoff afresh
+    assert RECOVERY_PERIOD_MIN <= agent._beat_jitter <= 1.0  # and a period of random length

@@ -95,6 +95,9 @@ HEARTBEAT_JITTER = 0.04
 #: plane restarting or swamped at start) comes back spread out, not in step: with a fixed retry its
 #: agents succeeded in waves and kept beating in bursts of 2-3 times the mean rate.
 REPORT_RETRY_MIN_S = 0.5
+#: The shortest first period after a report answered at start or after failures, as a fraction of
+#: the heartbeat period (the period is drawn from this to 1: see NodeAgent._report_once).
+RECOVERY_PERIOD_MIN = 0.1
 REPORT_POLL_S = 0.25
 LONG_POLL_S = 10.0
 LOG_CHUNK = 256 * 1024
@@ -196,7 +199,9 @@ class NodeAgent:
         self._inline = True  # output rides in reports (NodeReport.logs) unless the control plane ignores it
         self._report_now = asyncio.Event()
         self._last_beat = 0.0
-        self._beat_jitter = 1.0  # this period's stretch, 1 to 1 + HEARTBEAT_JITTER (redrawn per report)
+        # This period's stretch (redrawn per report): 1 to 1 + HEARTBEAT_JITTER, or RECOVERY_PERIOD_MIN
+        # to 1 after the first answered report and after failures.
+        self._beat_jitter = 1.0
         self._failed_reports = 0  # reports that failed in a row (the retry's backoff)
         self.metrics_url = metrics_url
         self._labels: dict[str, dict] = {}  # run_id -> metric labels and gpus, from the assignments
@@ -636,8 +641,13 @@ class NodeAgent:
         r = await self._request("POST", f"/api/v2/nodes/{self.node}/status", json=body,
                                 timeout=self._exchange_timeout_s())
         self._answered(sent, r)
+        # The first report answered, and the first after failures, start a period of random length
+        # (never longer than a period): agents that came through the same storm (a control plane
+        # answering its backlog at once) leave it at random phases instead of beating in step.
+        recovered = self._failed_reports > 0 or self._last_beat == 0.0
+        self._beat_jitter = random.uniform(RECOVERY_PERIOD_MIN, 1.0) if recovered else \
+            1.0 + random.uniform(0.0, HEARTBEAT_JITTER)
         self._last_beat = now
-        self._beat_jitter = 1.0 + random.uniform(0.0, HEARTBEAT_JITTER)
         self._failed_reports = 0
         self._sent_problem = problem
         answer = r.json()
