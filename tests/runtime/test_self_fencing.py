@@ -528,3 +528,28 @@ def test_failed_reports_are_retried_after_a_random_wait_that_grows_up_to_one_hea
     assert len(set(waits)) == len(waits)  # drawn, so agents that failed together retry apart
     assert agent._failed_reports == 0  # an answered report starts the backoff afresh
     assert RECOVERY_PERIOD_MIN <= agent._beat_jitter <= 1.0  # and a period of random length
+
+
+@pytest.mark.parametrize("urls", ["http://127.0.0.1:9", "https://198.18.0.2:8470"], ids=["plain", "self-fencing"])
+def test_a_report_answered_after_a_whole_period_schedules_the_next_from_its_answer_at_a_random_phase(tmp_path, urls):
+    def slow(request: httpx.Request) -> httpx.Response:
+        time.sleep(0.3)  # longer than the period below: the next heartbeat would be due at once
+        return httpx.Response(200, json={"ack": []})
+
+    async def go() -> tuple[NodeAgent, float, float]:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(slow)) as client:
+            agent = NodeAgent("n1", urls, ProcessBackend(tmp_path / "n1"), client, gpus=1, simulated_gpus=True,
+                              contact=ContactClock(30.0))
+            agent.heartbeat_s = 0.2
+            await agent._report_once()  # the first answer: a random phase anyway
+            agent._last_beat -= 1000.0  # due
+            before = time.monotonic()
+            await agent._report_once()
+            return agent, before, time.monotonic()
+
+    agent, before, after = asyncio.run(go())
+    assert before + 0.3 <= agent._last_beat <= after  # counted from the answer, not from the send
+    assert RECOVERY_PERIOD_MIN <= agent._beat_jitter <= 1.0
+    if agent.self_fence:  # never more than a third of what is left before the fence
+        assert agent.heartbeat_period_s() <= agent.contact.until_fence_s() / 3 + 1e-9
+

@@ -95,8 +95,8 @@ HEARTBEAT_JITTER = 0.04
 #: plane restarting or swamped at start) comes back spread out, not in step: with a fixed retry its
 #: agents succeeded in waves and kept beating in bursts of 2-3 times the mean rate.
 REPORT_RETRY_MIN_S = 0.5
-#: The shortest first period after a report answered at start or after failures, as a fraction of
-#: the heartbeat period (the period is drawn from this to 1: see NodeAgent._report_once).
+#: The shortest period after a report answered at start, after failures or late, as a fraction of
+#: the heartbeat period (the period is drawn from this to 1: see NodeAgent._next_beat).
 RECOVERY_PERIOD_MIN = 0.1
 REPORT_POLL_S = 0.25
 LONG_POLL_S = 10.0
@@ -199,8 +199,7 @@ class NodeAgent:
         self._inline = True  # output rides in reports (NodeReport.logs) unless the control plane ignores it
         self._report_now = asyncio.Event()
         self._last_beat = 0.0
-        # This period's stretch (redrawn per report): 1 to 1 + HEARTBEAT_JITTER, or RECOVERY_PERIOD_MIN
-        # to 1 after the first answered report and after failures.
+        # This period's stretch, redrawn per report (_next_beat).
         self._beat_jitter = 1.0
         self._failed_reports = 0  # reports that failed in a row (the retry's backoff)
         self.metrics_url = metrics_url
@@ -253,6 +252,28 @@ class NodeAgent:
         if not self.self_fence:
             return self.heartbeat_s * self._beat_jitter
         return max(0.1, min(self.heartbeat_s, self.contact.fence_after_s() / 3)) * self._beat_jitter
+
+    def _next_beat(self, sent: float, answered: float) -> None:
+        """Schedule the next bare heartbeat after a report sent at ``sent`` was answered at
+        ``answered`` (monotonic seconds): one period after ``sent``, stretched by up to
+        :data:`HEARTBEAT_JITTER`. The first report answered, the first after failures and one
+        answered a period or more after it was sent instead start a period of random length
+        (:data:`RECOVERY_PERIOD_MIN` to 1 of a period; a late one counted from its answer): agents
+        that came through the same storm (a control plane answering its start-up backlog at once)
+        leave it at random phases, not all at once and in step ever after, as 1,110 of 5,000 hollow
+        nodes did when their late answers all made the next heartbeat due at once. A self-fencing
+        agent's late answer leaves a third of the time before its fence at most."""
+        period = self.heartbeat_period_s() / self._beat_jitter  # unstretched
+        late = answered - sent >= period
+        if self._failed_reports > 0 or self._last_beat == 0.0 or late:
+            self._beat_jitter = random.uniform(RECOVERY_PERIOD_MIN, 1.0)
+            if late and self.self_fence and period > 0:
+                self._beat_jitter = min(self._beat_jitter, self.contact.until_fence_s() / 3 / period)
+            self._last_beat = answered if late else sent
+        else:
+            self._beat_jitter = 1.0 + random.uniform(0.0, HEARTBEAT_JITTER)
+            self._last_beat = sent
+        self._failed_reports = 0
 
     def report_retry_s(self) -> float:
         """Seconds to wait before trying again after a report failed (counts the failure): drawn
@@ -641,14 +662,7 @@ class NodeAgent:
         r = await self._request("POST", f"/api/v2/nodes/{self.node}/status", json=body,
                                 timeout=self._exchange_timeout_s())
         self._answered(sent, r)
-        # The first report answered, and the first after failures, start a period of random length
-        # (never longer than a period): agents that came through the same storm (a control plane
-        # answering its backlog at once) leave it at random phases instead of beating in step.
-        recovered = self._failed_reports > 0 or self._last_beat == 0.0
-        self._beat_jitter = random.uniform(RECOVERY_PERIOD_MIN, 1.0) if recovered else \
-            1.0 + random.uniform(0.0, HEARTBEAT_JITTER)
-        self._last_beat = now
-        self._failed_reports = 0
+        self._next_beat(now, time.monotonic())
         self._sent_problem = problem
         answer = r.json()
         if inline and answer.get("logs") is None:
