@@ -194,6 +194,27 @@ def test_gc_pauses_records_collections_at_least_as_long_as_its_floor() -> None:
         gc.collect()
     assert none.pauses == []
 
+
+def test_the_heap_is_settled_once_after_every_agent_had_a_report_answered(monkeypatch) -> None:
+    from apiary.runtime import hollow
+
+    settled: list[int] = []
+    agents = [HollowAgent(f"n{i}", "http://unused", HollowBackend(), client=None)  # type: ignore[arg-type]
+              for i in range(3)]
+
+    async def go() -> None:
+        monkeypatch.setattr(hollow.gcpolicy, "settle", lambda: settled.append(sum(bool(a.stats.beats) for a in agents)))
+        stop = asyncio.Event()
+        task = asyncio.create_task(hollow._settle_once_joined(agents, stop, poll_s=0.01))
+        for a in agents:
+            await asyncio.sleep(0.03)
+            assert not settled  # not while an agent has had no answer
+            a.stats.beats.append((time.time(), 0.001))
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(go())
+    assert settled == [3]  # once, with every agent answered
+
 # ---------------------------------------------------------------------- against a real control plane
 NODES = 20
 
