@@ -23,7 +23,8 @@ from tests.support.plane import CAROL, DAN, Harness
 
 from apiary.errors import PlaintextTokenError, ValidationError
 from apiary.lifecycle import EXIT_NODE_LOST
-from apiary.runtime.agent import HEARTBEAT_JITTER, RECOVERY_PERIOD_MIN, REPORT_RETRY_MIN_S, NodeAgent
+from apiary.runtime.agent import NodeAgent
+from apiary.runtime.beat import HEARTBEAT_JITTER, RECOVERY_PERIOD_MIN, REPORT_RETRY_MIN_S
 from apiary.runtime.link import (
     GRACE_HEADER,
     ContactClock,
@@ -479,7 +480,7 @@ def test_heartbeats_come_at_least_three_times_before_the_fence(tmp_path, urls, g
     agent = NodeAgent("n1", urls, ProcessBackend(tmp_path / "n1"), None, gpus=1, simulated_gpus=True,
                       contact=ContactClock(grace))
     assert agent.heartbeat_period_s() == period
-    agent._beat_jitter = 1.0 + HEARTBEAT_JITTER  # the latest a jittered heartbeat can come
+    agent.beat.stretch = 1.0 + HEARTBEAT_JITTER  # the latest a jittered heartbeat can come
     assert agent.heartbeat_period_s() == pytest.approx(period * (1.0 + HEARTBEAT_JITTER))
     if agent.self_fence:  # two lost heartbeats in a row still leave the agent short of its fence
         assert 2 * agent.heartbeat_period_s() < agent.contact.fence_after_s()
@@ -494,8 +495,8 @@ def test_each_answered_report_draws_the_next_periods_jitter(tmp_path):
             drawn = []
             for _ in range(20):
                 await agent._report_once()
-                drawn.append(agent._beat_jitter)
-                agent._last_beat -= 1000.0  # due again
+                drawn.append(agent.beat.stretch)
+                agent.beat.last -= 1000.0  # due again
             return drawn
 
     first, *rest = asyncio.run(go())
@@ -517,17 +518,17 @@ def test_failed_reports_are_retried_after_a_random_wait_that_grows_up_to_one_hea
             for _ in range(8):
                 with pytest.raises(httpx.HTTPStatusError):
                     await agent._report_once()
-                waits.append(agent.report_retry_s())
+                waits.append(agent.beat.retry_s(agent.base_period_s()))
             await agent._report_once()
             return agent, waits
 
     agent, waits = asyncio.run(go())
-    period = agent.heartbeat_period_s() / agent._beat_jitter  # the period, unstretched
+    period = agent.heartbeat_period_s() / agent.beat.stretch  # the period, unstretched
     assert all(REPORT_RETRY_MIN_S <= w <= period * (1.0 + HEARTBEAT_JITTER) for w in waits)
     assert waits[0] <= 2 * REPORT_RETRY_MIN_S  # the first retry comes soon
     assert len(set(waits)) == len(waits)  # drawn, so agents that failed together retry apart
-    assert agent._failed_reports == 0  # an answered report starts the backoff afresh
-    assert RECOVERY_PERIOD_MIN <= agent._beat_jitter <= 1.0  # and a period of random length
+    assert agent.beat.failures == 0  # an answered report starts the backoff afresh
+    assert RECOVERY_PERIOD_MIN <= agent.beat.stretch <= 1.0  # and a period of random length
 
 
 @pytest.mark.parametrize("urls", ["http://127.0.0.1:9", "https://198.18.0.2:8470"], ids=["plain", "self-fencing"])
@@ -542,14 +543,14 @@ def test_a_report_answered_after_a_whole_period_schedules_the_next_from_its_answ
                               contact=ContactClock(30.0))
             agent.heartbeat_s = 0.2
             await agent._report_once()  # the first answer: a random phase anyway
-            agent._last_beat -= 1000.0  # due
+            agent.beat.last -= 1000.0  # due
             before = time.monotonic()
             await agent._report_once()
             return agent, before, time.monotonic()
 
     agent, before, after = asyncio.run(go())
-    assert before + 0.3 <= agent._last_beat <= after  # counted from the answer, not from the send
-    assert RECOVERY_PERIOD_MIN <= agent._beat_jitter <= 1.0
+    assert before + 0.3 <= agent.beat.last <= after  # counted from the answer, not from the send
+    assert RECOVERY_PERIOD_MIN <= agent.beat.stretch <= 1.0
     if agent.self_fence:  # never more than a third of what is left before the fence
         assert agent.heartbeat_period_s() <= agent.contact.until_fence_s() / 3 + 1e-9
 

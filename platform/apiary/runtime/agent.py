@@ -51,7 +51,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import random
 import ssl
 import sys
 import time
@@ -67,6 +66,7 @@ from apiary.errors import UnavailableError, ValidationError
 from apiary.lifecycle import EXIT_LAUNCH_FAILED, EXIT_LIVENESS_FAILED, EXIT_NODE_LOST
 from apiary.procutil import write_probe
 from apiary.runtime.base import RuntimeBackend, TaskLaunch, TaskStatus
+from apiary.runtime.beat import HeartbeatTimer
 from apiary.runtime.faults import SimulatedFaults
 from apiary.runtime.link import (
     DEFAULT_NODE_LOST_AFTER_S,
@@ -85,19 +85,6 @@ if TYPE_CHECKING:  # imported for real in run_agents: agents without metrics nev
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_S = 2.0
-#: Each bare heartbeat comes up to this fraction of the period late, drawn anew each time: the
-#: kubelet's node status loop (wait.JitterUntil with jitter factor 0.04). A fleet whose agents got
-#: in step (all started or answered at once) drifts apart again instead of beating in bursts.
-HEARTBEAT_JITTER = 0.04
-#: After a failed report the next try waits a time drawn evenly between this and a cap that doubles
-#: with each failure in a row, up to one heartbeat period ("full jitter" backoff: AWS Architecture
-#: Blog, "Exponential Backoff And Jitter", 2015). A fleet whose reports failed together (a control
-#: plane restarting or swamped at start) comes back spread out, not in step: with a fixed retry its
-#: agents succeeded in waves and kept beating in bursts of 2-3 times the mean rate.
-REPORT_RETRY_MIN_S = 0.5
-#: The shortest period after a report answered at start, after failures or late, as a fraction of
-#: the heartbeat period (the period is drawn from this to 1: see NodeAgent._next_beat).
-RECOVERY_PERIOD_MIN = 0.1
 REPORT_POLL_S = 0.25
 LONG_POLL_S = 10.0
 LOG_CHUNK = 256 * 1024
@@ -198,10 +185,7 @@ class NodeAgent:
         self._shipped: dict[tuple[str, str], int] = {}
         self._inline = True  # output rides in reports (NodeReport.logs) unless the control plane ignores it
         self._report_now = asyncio.Event()
-        self._last_beat = 0.0
-        # This period's stretch, redrawn per report (_next_beat).
-        self._beat_jitter = 1.0
-        self._failed_reports = 0  # reports that failed in a row (the retry's backoff)
+        self.beat = HeartbeatTimer()  # when the next bare heartbeat is due (apiary.runtime.beat)
         self.metrics_url = metrics_url
         self._labels: dict[str, dict] = {}  # run_id -> metric labels and gpus, from the assignments
         self.faults = SimulatedFaults(node)  # injected simulated-GPU faults (apiary.runtime.faults)
@@ -245,44 +229,16 @@ class NodeAgent:
         return r
 
     def heartbeat_period_s(self) -> float:
-        """Seconds between bare heartbeats: :attr:`heartbeat_s`, or a third of the time before the fence
-        when that is shorter (a short grace), so that two lost heartbeats in a row never fence;
-        stretched by this period's jitter (at most :data:`HEARTBEAT_JITTER`: two periods stay well
-        inside the fence)."""
+        """Seconds of the heartbeat period running now: :meth:`base_period_s` with its jitter."""
+        return self.beat.period_s(self.base_period_s())
+
+    def base_period_s(self) -> float:
+        """Seconds between bare heartbeats before jitter: :attr:`heartbeat_s`, or a third of the time
+        before the fence when that is shorter (a short grace), so that two lost heartbeats in a row
+        never fence (the jitter stretches a period by 4% at most)."""
         if not self.self_fence:
-            return self.heartbeat_s * self._beat_jitter
-        return max(0.1, min(self.heartbeat_s, self.contact.fence_after_s() / 3)) * self._beat_jitter
-
-    def _next_beat(self, sent: float, answered: float) -> None:
-        """Schedule the next bare heartbeat after a report sent at ``sent`` was answered at
-        ``answered`` (monotonic seconds): one period after ``sent``, stretched by up to
-        :data:`HEARTBEAT_JITTER`. The first report answered, the first after failures and one
-        answered a period or more after it was sent instead start a period of random length
-        (:data:`RECOVERY_PERIOD_MIN` to 1 of a period; a late one counted from its answer): agents
-        that came through the same storm (a control plane answering its start-up backlog at once)
-        leave it at random phases, not all at once and in step ever after, as 1,110 of 5,000 hollow
-        nodes did when their late answers all made the next heartbeat due at once. A self-fencing
-        agent's late answer leaves a third of the time before its fence at most."""
-        period = self.heartbeat_period_s() / self._beat_jitter  # unstretched
-        late = answered - sent >= period
-        if self._failed_reports > 0 or self._last_beat == 0.0 or late:
-            self._beat_jitter = random.uniform(RECOVERY_PERIOD_MIN, 1.0)
-            if late and self.self_fence and period > 0:
-                self._beat_jitter = min(self._beat_jitter, self.contact.until_fence_s() / 3 / period)
-            self._last_beat = answered if late else sent
-        else:
-            self._beat_jitter = 1.0 + random.uniform(0.0, HEARTBEAT_JITTER)
-            self._last_beat = sent
-        self._failed_reports = 0
-
-    def report_retry_s(self) -> float:
-        """Seconds to wait before trying again after a report failed (counts the failure): drawn
-        evenly from [:data:`REPORT_RETRY_MIN_S`, cap], the cap doubling per failure in a row from
-        twice the minimum up to :meth:`heartbeat_period_s`: an agent whose reports fail never waits
-        longer between tries than between heartbeats."""
-        self._failed_reports += 1
-        cap = min(self.heartbeat_period_s(), REPORT_RETRY_MIN_S * 2.0 ** min(self._failed_reports, 16))
-        return random.uniform(REPORT_RETRY_MIN_S, max(REPORT_RETRY_MIN_S, cap))
+            return self.heartbeat_s
+        return max(0.1, min(self.heartbeat_s, self.contact.fence_after_s() / 3))
 
     def _exchange_timeout_s(self) -> float:
         """Timeout of one report or log upload, seconds: bounded by the grace while self-fencing
@@ -595,10 +551,10 @@ class NodeAgent:
                 await self._report_once()
             except (httpx.HTTPError, ValueError) as e:
                 logger.debug("node=%s report failed: %s", self.node, e)
-                await asyncio.sleep(self.report_retry_s())
+                await asyncio.sleep(self.beat.retry_s(self.base_period_s()))
             except Exception as exc:  # a backend or a bug must not end the heartbeats' loop either
                 logger.error("node=%s report failed: %s", self.node, describe_error(exc))
-                await asyncio.sleep(self.report_retry_s())
+                await asyncio.sleep(self.beat.retry_s(self.base_period_s()))
 
     async def _report_once(self) -> None:
         problem = await asyncio.to_thread(self.check_recording)
@@ -634,7 +590,7 @@ class NodeAgent:
         await self._ship_logs(rest)
         now = time.monotonic()
         if (not changed and not inline and problem == self._sent_problem
-                and now - self._last_beat < self.heartbeat_period_s()):
+                and now - self.beat.last < self.heartbeat_period_s()):
             return
         body = {
             "agentId": self.agent_id,
@@ -662,7 +618,8 @@ class NodeAgent:
         r = await self._request("POST", f"/api/v2/nodes/{self.node}/status", json=body,
                                 timeout=self._exchange_timeout_s())
         self._answered(sent, r)
-        self._next_beat(now, time.monotonic())
+        self.beat.answered(now, time.monotonic(), self.base_period_s(),
+                           self.contact.until_fence_s() if self.self_fence else None)
         self._sent_problem = problem
         answer = r.json()
         if inline and answer.get("logs") is None:

@@ -267,7 +267,7 @@ class HollowAgent(NodeAgent):
         super()._reconcile(assignments)
 
     async def _report_once(self) -> None:
-        before = self._last_beat
+        before = self.beat.last
         t0 = time.perf_counter()
         sent = time.time()
         try:
@@ -275,12 +275,12 @@ class HollowAgent(NodeAgent):
         except Exception as exc:
             self.stats.report_errors.append((sent, report_error_kind(exc)))
             raise
-        if self._last_beat != before:  # a report was sent and answered
+        if self.beat.last != before:  # a report was sent and answered
             self.stats.beats.append((time.time(), time.perf_counter() - t0))
 
     def _wake_in(self) -> float:
         """Seconds until the next report is due: a heartbeat or the end of a timer task."""
-        due = self._last_beat + self.heartbeat_period_s() - time.monotonic()
+        due = self.beat.last + self.heartbeat_period_s() - time.monotonic()
         ends = self.hollow.next_exit()
         if ends is not None:
             due = min(due, ends - time.time())
@@ -299,10 +299,10 @@ class HollowAgent(NodeAgent):
                 await self._report_once()
             except (httpx.HTTPError, ValueError) as e:
                 logger.debug("node=%s report failed: %s", self.node, e)
-                await asyncio.sleep(self.report_retry_s())
+                await asyncio.sleep(self.beat.retry_s(self.base_period_s()))
             except Exception as exc:
                 logger.error("node=%s report failed: %s: %s", self.node, type(exc).__name__, exc)
-                await asyncio.sleep(self.report_retry_s())
+                await asyncio.sleep(self.beat.retry_s(self.base_period_s()))
 
 
 class InlineExecutor(concurrent.futures.ThreadPoolExecutor):
