@@ -106,7 +106,21 @@ def test_an_ecc_fault_on_an_agent_host_cordons_its_node_through_prometheus_and_a
     assert any(a["alertname"] == "ApiaryGpuEccDoubleBitError" for a in alerts), alerts
     assert cordons
     print(f"ECC fault -> cordon across hosts: {time.monotonic() - t0:.1f} s")
-    c.cordon("hostname-erin", False, all=True)
+    # Leave hostname-erin schedulable for the tests after this one (the kill test's probe runs on
+    # it). The incident's response rule runs its actions one after another (cordon, then drain,
+    # which cordons again): an uncordon that lands between them is undone, so uncordon until the
+    # node stays free of cordons for a few seconds.
+    calm: list[float] = []
+
+    def stays_uncordoned() -> bool:
+        if c.node("hostname-erin")["cordons"]:
+            c.cordon("hostname-erin", False, all=True)
+            calm.clear()
+            return False
+        calm.append(time.monotonic())
+        return calm[-1] - calm[0] >= 3.0
+
+    until(stays_uncordoned, 60, "hostname-erin free of cordons after the incident's actions", poll=0.5)
 
 
 def _up_targets(d: Deployment) -> int:
