@@ -23,12 +23,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from apiary.control.cache import PlaneCache
+from apiary.control.work import Committed
 from apiary.errors import UserError
 from apiary.lifecycle import JobState, TaskState
 from apiary.lifecycle.reducer import Downgraded, Placed, Preempted, Waiting
 from apiary.scheduler import Decision
 from apiary.store.models import Attempt, Job, Task
-from apiary.store.unit import reading
+from apiary.store.records import write_waits
+from apiary.store.unit import UnitOfWork, reading, store_errors
 
 logger = logging.getLogger(__name__)
 
@@ -267,24 +269,22 @@ class SchedulingCycle:
         new_waits.clear()
         if not batch:
             return
-        written: list[tuple[Head, str, int]] = []
-        with self.cache.work("scheduling cycle") as w:
-            w.load_many([head.job_id for head, _, _ in batch])
-            for head, reason, version in batch:
-                loaded = w.load(head.job_id)
-                if loaded is None:
-                    continue
-                rec = loaded.record
-                if not rec.schedulable() or rec.attempt.index != head.attempt or tuple(rec.pending()) != head.pending:
-                    continue
-                w.step(head.job_id, Waiting(reason))
-                written.append((head, reason, version))
-            if not written:
+        # A plain UPDATE per job, not a Work that loads each job's record, attempt and tasks to
+        # change one column: under the lock, with none of them changed since the snapshot, the
+        # snapshot is what the store holds; write_waits still writes only where it is.
+        with UnitOfWork(self.cache.sessions, "scheduling cycle") as uow:
+            with store_errors("scheduling cycle"):
+                ids = write_waits(uow.s, [(h.job_id, h.attempt, h.reason, reason) for h, reason, _ in batch],
+                                  self.cache.clock())
+            if not ids:
                 return
-            w.commit()
-        for head, reason, version in written:
-            result.waiting[head.job_id] = reason
-            waits[head.job_id] = (version, head.attempt, head.pending, reason)
+            uow.after_commit(lambda: self.cache.apply(Committed((), frozenset(), frozenset(ids), False)))
+            uow.commit()
+        kept = set(ids)
+        for head, reason, version in batch:
+            if head.job_id in kept:
+                result.waiting[head.job_id] = reason
+                waits[head.job_id] = (version, head.attempt, head.pending, reason)
 
     def _admit(self, head: Head, decision: Decision, result: CycleResult) -> None:
         job_id = head.job_id

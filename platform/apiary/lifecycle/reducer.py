@@ -78,6 +78,7 @@ __all__ = [
     "run_id_for",
     "step",
     "submit",
+    "waiting_event",
 ]
 
 #: ``(taskRole, index)``: one task instance of a job.
@@ -403,6 +404,13 @@ def _new_tasks(job: JobRecord, fx: Effects) -> dict[Instance, TaskRecord]:
     return tasks
 
 
+def waiting_event(attempt: int, reason: str) -> tuple[str, dict[str, Any]]:
+    """The event of a job whose waiting reason becomes ``reason`` during ``attempt``: ``job.waiting``
+    with ``{"attempt", "reason"}``. :class:`Waiting` emits it through :func:`step`; a writer that
+    records many first wait reasons without loading each job's record writes the same event."""
+    return "job.waiting", {"attempt": attempt, "reason": reason}
+
+
 # ----------------------------------------------------------------------------------------- step
 def step(job: JobRecord, inp: Input, now: float, *, events: bool = True) -> Effects:
     """Apply one input to ``job`` (mutated in place) at time ``now``; return the other effects.
@@ -455,7 +463,8 @@ class _Step:
         job = self.job
         if reason and job.waiting_reason != reason:
             job.waiting_reason = reason
-            self.event("job.waiting", attempt=job.attempt.index, reason=reason)
+            if self.events:
+                self.fx.events.append(waiting_event(job.attempt.index, reason))
 
     # ---------------------------------------------------------------- 2. placement (cycle, admit)
     def placed(self, inp: Placed) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import cast
 
-from sqlalchemy import Table, insert, select
+from sqlalchemy import Table, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from apiary.lifecycle import AttemptOutcome, Desired, ExecutionType, JobState, TaskState
@@ -28,10 +28,11 @@ from apiary.lifecycle.reducer import (
     JobRecord,
     Release,
     TaskRecord,
+    waiting_event,
 )
 from apiary.store.models import Attempt, Event, Job, Placement, Task
 
-__all__ = ["LoadedJob", "attempt_record", "insert_new_jobs", "load_job", "load_jobs", "task_record"]
+__all__ = ["LoadedJob", "attempt_record", "insert_new_jobs", "load_job", "load_jobs", "task_record", "write_waits"]
 
 
 def task_record(row: Task) -> TaskRecord:
@@ -274,3 +275,42 @@ def insert_new_jobs(s: Session, jobs: list[tuple[JobRecord, Effects, dict[str, o
         if rows:  # the job rows first: a taken id fails before anything else is written
             conn.execute(insert(table), rows)
     return out
+
+
+#: :func:`write_waits`' statement, built once (its compiled form is cached; building the expression
+#: for each job cost more than running it).
+_WRITE_WAIT = (
+    update(_JOBS)
+    .where(_JOBS.c.id == bindparam("w_job"), _JOBS.c.attempt == bindparam("w_attempt"),
+           _JOBS.c.state.in_((JobState.WAITING.value, JobState.RUNNING.value)),
+           _JOBS.c.execution_type == ExecutionType.START.value,
+           _JOBS.c.waiting_reason.is_not_distinct_from(bindparam("w_old")))
+    .values(waiting_reason=bindparam("w_reason"))
+)
+
+
+def write_waits(s: Session, waits: Iterable[tuple[str, int, str | None, str]], now: float) -> list[str]:
+    """Record new waiting reasons without loading the jobs: for each ``(job_id, attempt, old reason,
+    new reason)``, the job's row takes the new reason only where it still is what the caller saw (a
+    job asked of the scheduler: ``START``, ``WAITING`` or ``RUNNING``, at ``attempt``, with ``old``
+    as its reason), and then gets the ``job.waiting`` event a :class:`~apiary.lifecycle.reducer.Waiting`
+    step writes (:func:`~apiary.lifecycle.reducer.waiting_event`). Returns the ids written, in
+    order; a job that changed meanwhile is left out. One UPDATE per job (its row count says whether
+    it held) and one multi-row INSERT of the events; nothing is committed here.
+
+    The scheduling cycle records a new job's first wait reason this way: loading each job's record,
+    attempt and tasks to apply a step that changes one column cost more than the write
+    (bench/README.md, ``api``)."""
+    conn = s.connection()
+    written: list[str] = []
+    events: list[dict[str, object]] = []
+    for job_id, attempt, old, reason in waits:
+        params = {"w_job": job_id, "w_attempt": attempt, "w_old": old, "w_reason": reason}
+        if conn.execute(_WRITE_WAIT, params).rowcount != 1:
+            continue
+        type_, data = waiting_event(attempt, reason)
+        events.append(dict(time=now, job_id=job_id, type=type_, data=data))
+        written.append(job_id)
+    if events:
+        conn.execute(insert(_EVENTS), events)
+    return written
