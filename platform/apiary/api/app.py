@@ -42,11 +42,12 @@ from starlette.routing import Match
 from apiary.api import routers
 from apiary.api.access import ACCESS
 from apiary.api.auth import bearer
-from apiary.api.guards import BodyLimitMiddleware, RateLimiter, error_headers
+from apiary.api.guards import BodyLimitMiddleware, RateLimiter, error_response
 from apiary.api.heartbeat import HeartbeatFastPath
 from apiary.api.longpoll import NodeWaiters
 from apiary.api.routers import join
 from apiary.api.schemas import ERROR_RESPONSES, Health, job_protocol_components
+from apiary.api.submit_path import SubmitFastPath
 from apiary.auth import Directory
 from apiary.auth.bootstrap_tokens import BootstrapTokens
 from apiary.ci.intake import WebhookIntake
@@ -129,18 +130,15 @@ def create_app(
     if incidents.drill_results is None:  # a diagnosis attaches the node's drill results
         incidents.drill_results = drills.latest
     app.state.limiter = RateLimiter(settings.rate_calls, settings.rate_submits)
-    # Innermost: a bare heartbeat passes the body limit and the replica router before it is answered.
+    # Innermost: a bare heartbeat and a user's submission pass the body limit and the replica router
+    # before they are answered.
     app.add_middleware(HeartbeatFastPath)
+    app.add_middleware(SubmitFastPath)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
 
     @app.exception_handler(ApiaryError)
     async def _apiary_error(_request: Request, exc: ApiaryError) -> JSONResponse:
-        if exc.status_code >= 500:
-            logger.error("platform error: %s", exc.message)
-        headers = error_headers(exc)
-        if exc.status_code == 401:
-            headers["WWW-Authenticate"] = 'Bearer realm="apiary"'  # RFC 6750
-        return JSONResponse(exc.to_dict(), status_code=exc.status_code, headers=headers)
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _request_error(request: Request, exc: RequestValidationError) -> JSONResponse:

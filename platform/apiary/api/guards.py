@@ -309,3 +309,14 @@ def error_headers(exc: Exception) -> dict[str, str]:
     if isinstance(exc, TooManyRequestsError) and exc.retry_after is not None:
         return {"Retry-After": str(exc.retry_after)}
     return {}
+
+
+def error_response(exc: ApiaryError) -> JSONResponse:
+    """The API's answer to ``exc`` (the app's ApiaryError handler): its status, ``exc.to_dict()`` as
+    the body, :func:`error_headers`, and ``WWW-Authenticate`` for a 401 (RFC 6750). A 5xx is logged."""
+    if exc.status_code >= 500:
+        logger.error("platform error: %s", exc.message)
+    headers = error_headers(exc)
+    if exc.status_code == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="apiary"'  # RFC 6750
+    return JSONResponse(exc.to_dict(), status_code=exc.status_code, headers=headers)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -92,7 +92,7 @@ def _limiter(request: Request) -> RateLimiter | None:
 
 
 @router.post("/jobs", status_code=202, response_model=JobJson, openapi_extra=_JOB_BODY)
-async def submit(request: Request, plane: Plane, caller: Caller, who: Submitter,
+async def submit(request: Request, caller: Caller, who: Submitter,
                  x_apiary_flow_run_id: FlowRunHeader = None) -> Response:
     """Accept a job for the calling user; 202 once it is durable. Only the Prefect bridge may name
     another (existing, non-admin) user, with ``X-Apiary-On-Behalf-Of``, and only the bridge and
@@ -104,14 +104,27 @@ async def submit(request: Request, plane: Plane, caller: Caller, who: Submitter,
     (tests/api/test_schemas.py checks the round trip), so FastAPI's second validation and
     serialization of it through the model is skipped: this is the hottest write route."""
     flow_run_id = flow_run_link(caller, x_apiary_flow_run_id)
-    limiter = _limiter(request) if not who.admin else None
+    job = await accept_submission(request.app.state, who, request.body, flow_run_id)
+    return JSONResponse(job, status_code=202)
+
+
+async def accept_submission(state: Any, who: Principal, body: Callable[[], Awaitable[bytes]],
+                            flow_run_id: str | None) -> dict:
+    """The submission itself, after the caller and ``who`` are settled: ``who``'s submission limit
+    (not an admin's), the body (read by ``body``), the plane's group commit off the event loop with
+    ``who``'s VC grants checked, then the limit counted. ``state`` is the app's state (``plane``,
+    ``limiter``). Returns the job's JSON; raises what :meth:`ControlPlane.submit` and the limiter
+    raise (ValidationError, ConflictError, RateLimitedError, ...). The route and
+    :class:`apiary.api.submit_path.SubmitFastPath` both submit through it."""
+    limiter: RateLimiter | None = getattr(state, "limiter", None) if not who.admin else None
     if limiter is not None:
         limiter.check_submit(who.name)
-    body = await request.body()
-    job = await run_in_threadpool(plane.submit, body, who.name, flow_run_id=flow_run_id, authorize=vc_check(who))
+    text = await body()
+    job: dict = await run_in_threadpool(state.plane.submit, text, who.name, flow_run_id=flow_run_id,
+                                        authorize=vc_check(who))
     if limiter is not None:
         limiter.count_submit(who.name)
-    return JSONResponse(job, status_code=202)
+    return job
 
 
 @router.post("/jobs/{job_id}/clone", status_code=202, response_model=JobJson)
