@@ -23,7 +23,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from apiary.control.cache import PlaneCache
-from apiary.control.work import Committed
 from apiary.errors import UserError
 from apiary.lifecycle import JobState, TaskState
 from apiary.lifecycle.reducer import Downgraded, Placed, Preempted, Waiting
@@ -278,13 +277,17 @@ class SchedulingCycle:
                                   self.cache.clock())
             if not ids:
                 return
-            uow.after_commit(lambda: self.cache.apply(Committed((), frozenset(), frozenset(ids), False)))
             uow.commit()
+        # After the commit: the snapshot's heads take their new reason here instead of being marked
+        # changed for the next snapshot to read again (nothing else in memory holds a job's reason).
         kept = set(ids)
         for head, reason, version in batch:
             if head.job_id in kept:
                 result.waiting[head.job_id] = reason
                 waits[head.job_id] = (version, head.attempt, head.pending, reason)
+                entry = self._queue.get(head.job_id) if self._queue is not None else None
+                if entry is not None and entry[1] == head:
+                    self._queue[head.job_id] = (entry[0], replace(head, reason=reason))
 
     def _admit(self, head: Head, decision: Decision, result: CycleResult) -> None:
         job_id = head.job_id
