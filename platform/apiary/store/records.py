@@ -238,6 +238,8 @@ def _task_values(job_id: str, t: TaskRecord) -> dict[str, object]:
 
 
 _JOBS, _ATTEMPTS, _TASKS, _EVENTS = (cast(Table, m.__table__) for m in (Job, Attempt, Task, Event))
+#: One INSERT statement per table, built once (its compiled form is cached by the statement).
+_INSERTS = {table: insert(table) for table in (_JOBS, _ATTEMPTS, _TASKS, _EVENTS)}
 
 
 def insert_new_jobs(s: Session, jobs: list[tuple[JobRecord, Effects, dict[str, object]]],
@@ -273,7 +275,7 @@ def insert_new_jobs(s: Session, jobs: list[tuple[JobRecord, Effects, dict[str, o
     conn = s.connection()
     for table, rows in ((_JOBS, job_rows), (_ATTEMPTS, attempt_rows), (_TASKS, task_rows), (_EVENTS, event_rows)):
         if rows:  # the job rows first: a taken id fails before anything else is written
-            conn.execute(insert(table), rows)
+            conn.execute(_INSERTS[table], rows)
     return out
 
 
@@ -312,5 +314,5 @@ def write_waits(s: Session, waits: Iterable[tuple[str, int, str | None, str]], n
         events.append(dict(time=now, job_id=job_id, type=type_, data=data))
         written.append(job_id)
     if events:
-        conn.execute(insert(_EVENTS), events)
+        conn.execute(_INSERTS[_EVENTS], events)
     return written
