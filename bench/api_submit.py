@@ -186,17 +186,37 @@ def queued(client: ApiaryClient) -> int:
 FIRST_REASON = "Waiting for the next scheduling cycle."
 
 
+#: The scheduling loop counts as idle over a window of QUIET_WINDOW_S in which its cycles took less
+#: than QUIET_CYCLE_S in all (it ticks every second even when nothing changed).
+QUIET_WINDOW_S, QUIET_CYCLE_S = 1.0, 0.05
+
+
 def settle(client: ApiaryClient, timeout_s: float = 120.0) -> float:
     """Wait until every WAITING job has had its first scheduling decision (its waiting reason is the
-    scheduler's, no longer :data:`FIRST_REASON`), so a run starts on a quiet control plane, not
-    behind the cycles still catching up with the jobs just queued or stopped. Returns the seconds
-    waited; raises TimeoutError after ``timeout_s``."""
+    scheduler's, no longer :data:`FIRST_REASON`) and the scheduling loop is idle (its cycles took
+    under :data:`QUIET_CYCLE_S` of a :data:`QUIET_WINDOW_S` window, ``apiary_scheduling_cycle_seconds``),
+    so a run starts on a quiet control plane, not behind the cycles still catching up with the jobs
+    just queued or stopped: a stopped job changes the scheduler's state, and the next cycle asks
+    every queued job again (about half a second for 1,000). Returns the seconds waited; raises
+    TimeoutError after ``timeout_s``."""
     t0 = time.monotonic()
-    while any(j.get("waitingReason") == FIRST_REASON for j in client.list(state="WAITING")):
+
+    def check_deadline(what: str) -> None:
         if time.monotonic() - t0 > timeout_s:
-            raise TimeoutError(f"queued jobs still without a scheduling decision after {timeout_s} s")
+            raise TimeoutError(f"{what} after {timeout_s} s")
+
+    while any(j.get("waitingReason") == FIRST_REASON for j in client.list(state="WAITING")):
+        check_deadline("queued jobs still without a scheduling decision")
         time.sleep(0.2)
-    return time.monotonic() - t0
+    url = client.api_url.rstrip("/")
+    _, spent0 = cycle_counts(url)
+    while True:
+        time.sleep(QUIET_WINDOW_S)
+        _, spent = cycle_counts(url)
+        if spent - spent0 < QUIET_CYCLE_S:
+            return time.monotonic() - t0
+        spent0 = spent
+        check_deadline("the scheduling loop still busy")
 
 
 # ---------------------------------------------------------------------- the submit benchmark
