@@ -100,3 +100,42 @@ def test_many_first_wait_reasons_each_get_their_reason_and_one_event(h: Harness)
         j = h.job(job)
         assert j["state"] == "WAITING" and j["waitingReason"], job
         assert len(h.events(job, "job.waiting")) >= 1
+
+
+def test_a_submission_hands_the_cycle_the_head_the_store_would_give(h: Harness) -> None:
+    """The snapshot takes a new job's head from its submission (PlaneCache.submitted) instead of
+    reading the rows back: it must be exactly what the store's query reads, order key included."""
+    holder = h.submit(0, name="holder")
+    h.cycle()
+    h.start(holder)
+    two_roles = job_text(6, name="roles", extras__gangAllocation=False, taskRoles__eval={
+        "instances": 3, "dockerImage": "pytorch_example", "resourcePerInstance": {"cpu": 1, "memoryMB": 512, "gpu": 1},
+        "commands": ["true"]})
+    ids = [h.plane.submit(two_roles, "bob")["id"], h.plane.submit(job_text(3, name="prod"), "bob")["id"],
+           *(h.plane.submit(job_text(0, name=f"w{i}"), "bob")["id"] for i in range(3))]
+    cache, cycle = h.plane.cache, h.plane.scheduling
+    with cache.lock:
+        handed = {j: cache.submitted[j] for j in ids}
+        with h.sessions() as s:
+            stored = cycle._heads(s, ids)
+    assert {j: (e.order, e.pending, e.reason) for j, e in handed.items()} == {
+        j: (order, head.pending, head.reason) for j, (order, head) in stored.items()}
+    assert all(head.attempt == 0 for _, head in stored.values())
+    assert len(handed[ids[0]].pending) == 5  # train x 2, eval x 3
+    h.cycle()
+    assert cache.submitted == {}  # consumed by the snapshot
+    for job in ids:
+        assert h.job(job)["waitingReason"] != "Waiting for the next scheduling cycle."
+
+
+def test_a_job_changed_after_its_submission_is_read_from_the_store(h: Harness) -> None:
+    holder = h.submit(0, name="holder")
+    h.cycle()
+    h.start(holder)
+    job = h.submit(0, name="stopped-at-once")
+    assert job in h.plane.cache.submitted
+    h.plane.stop(job)
+    assert job not in h.plane.cache.submitted  # the stop's commit dropped the submission's head
+    calls = counting(h)
+    h.cycle()
+    assert job not in calls and h.job(job)["state"] == "STOPPED"

@@ -56,6 +56,17 @@ class Seen:
     faults_applied: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """A new job's place in the queue as its submission committed it: ``order`` is (-priority,
+    submission time, arrival number), ``pending`` its instances ``(taskRole, index)`` in the order
+    their task rows were inserted, ``reason`` its first waiting reason; attempt 0."""
+
+    order: tuple[int, float, int]
+    pending: tuple[tuple[str, int], ...]
+    reason: str | None
+
+
 class PlaneCache:
     """The shared memory of the plane's services; see the module docstring.
 
@@ -89,6 +100,10 @@ class PlaneCache:
         self.queue_dirty: set[str] = set()
         #: True when the next snapshot must read the whole queue (at start, after a rebuild or config).
         self.reread_queue = True
+        #: Jobs a submission committed since the last snapshot, as it wrote them (:class:`Submitted`):
+        #: the snapshot takes these instead of reading the new rows back. Any later commit of such
+        #: a job drops its entry (:meth:`apply`), so the snapshot reads that one from the store.
+        self.submitted: dict[str, Submitted] = {}
         self.needs_rebuild = False
         self.heartbeats: dict[str, float] = {}  # node -> exact time of its last report (memory only)
         self.heard: dict[str, float] = {}  # node -> its last report on the elapsed clock (memory only)
@@ -164,6 +179,8 @@ class PlaneCache:
             if self.cycle_changed is not None:
                 self.cycle_changed |= change.jobs
             self.queue_dirty |= change.jobs
+            for job_id in change.jobs & self.submitted.keys():
+                del self.submitted[job_id]
             self._changed_nodes |= change.touched
         self.flush_notifications()
         if change.wake:

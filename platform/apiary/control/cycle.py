@@ -4,9 +4,10 @@ Kueue's scheduler, over the plane's cache (:class:`apiary.control.cache.PlaneCac
 decides on a snapshot of the queue and takes the plane's lock for a slice of it at a time
 (:data:`LOCK_SLICE_S`), so submissions and node reports are not blocked behind a long queue. The
 snapshot re-reads from the store only the jobs committed since the last one (the whole queue every
-:data:`QUEUE_REREAD_S` and whenever memory is in doubt), and a job that waits is not asked again
-while neither it nor the scheduler's state changed (the answer would be the same): a long queue on
-a full cluster costs each cycle the new jobs only. First wait reasons are committed in batches
+:data:`QUEUE_REREAD_S` and whenever memory is in doubt), and takes new jobs as their submission
+wrote them (``PlaneCache.submitted``), and a job that waits is not asked again while neither it
+nor the scheduler's state changed (the answer would be the same): a long queue on a full cluster
+costs each cycle the new jobs only. First wait reasons are committed in batches
 (:data:`WAIT_BATCH`). Every decision is committed through a :class:`~apiary.control.work.Work` and
 applied to the scheduler only after its commit.
 """
@@ -208,6 +209,7 @@ class SchedulingCycle:
         now = time.monotonic()
         dirty = sorted(self.cache.queue_dirty)
         self.cache.queue_dirty = set()
+        submitted, self.cache.submitted = self.cache.submitted, {}
         if self._queue is None or self.cache.reread_queue or now - self._queue_read_at >= QUEUE_REREAD_S:
             self.cache.reread_queue = False
             self._queue = self._heads(s)
@@ -216,8 +218,16 @@ class SchedulingCycle:
         else:
             for job_id in dirty:
                 self._queue.pop(job_id, None)
-            for i in range(0, len(dirty), 500):  # well under any database's bound-parameter limit
-                self._queue.update(self._heads(s, dirty[i:i + 500]))
+            # New jobs as their submission wrote them (PlaneCache.submitted); the rest from the store.
+            unread: list[str] = []
+            for job_id in dirty:
+                new = submitted.get(job_id)
+                if new is None:
+                    unread.append(job_id)
+                elif new.pending:
+                    self._queue[job_id] = (new.order, Head(job_id, 0, new.pending, new.reason))
+            for i in range(0, len(unread), 500):  # well under any database's bound-parameter limit
+                self._queue.update(self._heads(s, unread[i:i + 500]))
             for job_id in dirty:
                 if job_id not in self._queue:
                     self._waits.pop(job_id, None)  # it left the queue

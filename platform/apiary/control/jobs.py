@@ -16,7 +16,7 @@ import yaml
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from apiary.control.cache import PlaneCache
+from apiary.control.cache import PlaneCache, Submitted
 from apiary.control.intake import Intake, PendingSubmission, flow_run_holders, flow_run_taken
 from apiary.control.views import job_json, simulated_nodes
 from apiary.control.work import Committed
@@ -163,7 +163,7 @@ class JobService:
             try:
                 with store_errors("submit"):
                     rows = insert_new_jobs(s, new, now)  # the job rows go in first: a taken id fails here
-                uow.after_commit(lambda: self._accepted(accepted))
+                uow.after_commit(lambda: self._accepted(accepted, [record for record, _, _ in new]))
                 uow.commit()
             except ConflictError:
                 if len(accepted) == 1:
@@ -178,13 +178,20 @@ class JobService:
     def _forget_seq(self) -> None:
         self._next_seq = None
 
-    def _accepted(self, accepted: list[PendingSubmission]) -> None:
-        """After a submission batch's commit: the arrival numbers, the cached specs, the queue."""
+    def _accepted(self, accepted: list[PendingSubmission], records: list[JobRecord]) -> None:
+        """After a submission batch's commit: the arrival numbers, the cached specs, the queue (the
+        new jobs' heads as written, so the next snapshot need not read them back)."""
         assert self._next_seq is not None
+        first_seq = self._next_seq
         self._next_seq += len(accepted)
         for p in accepted:
             self.cache.remember(p.job_id, p.spec, p.policy)
         self.cache.apply(Committed((), frozenset(), frozenset(p.job_id for p in accepted), True))
+        for i, (p, record) in enumerate(zip(accepted, records, strict=True)):
+            # The order and instances the snapshot's query reads for it (Job.priority, submission_time,
+            # submit_seq; its WAITING tasks in insertion order).
+            order = (-p.spec.priority, record.submission_time, first_seq + i)
+            self.cache.submitted[p.job_id] = Submitted(order, tuple(record.pending()), record.waiting_reason)
 
     @staticmethod
     def _name_taken(p: PendingSubmission) -> ConflictError:
