@@ -66,7 +66,7 @@ class SubmitRun:
     submissions: int
     threads: int
     queue_before: int = 0
-    settle_s: float = 0.0  # waited before the run until every queued job had its first decision
+    settle_s: float = 0.0  # waited before the run: every queued job decided, the scheduling loop idle
     latencies: list[float] = field(default_factory=list)  # accepted submissions (202), client side
     ids: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -493,7 +493,8 @@ def method(section: dict) -> str:
             f"{section.get('submit_warmup')} warm-up submissions (stopped again) come first, not measured. "
             "empty_*: no job queued at the start (the run's own jobs queue up); queued_*: after the first run's "
             f"jobs were stopped and {section.get('submit_queued_jobs')} more queued. Before each run the runner "
-            "waits until every queued job has had its first scheduling decision (*_settle_s: how long). "
+            "waits until every queued job has had its first scheduling decision and the scheduling loop is idle "
+            "(its cycles took under 50 ms of a 1 s window; *_settle_s: how long). "
             "*_queue_before: WAITING jobs in GET /api/v2/jobs?state=WAITING just before the run; *_listed / "
             "*_lost: accepted ids found / missing in GET /api/v2/jobs right after it; *_jobs_after: jobs it lists "
             "in all; *_cycles / "
