@@ -291,13 +291,14 @@ class SchedulingCycle:
         # After the commit: the snapshot's heads take their new reason here instead of being marked
         # changed for the next snapshot to read again (nothing else in memory holds a job's reason).
         kept = set(ids)
+        queue = self._queue if self._queue is not None else {}
         for head, reason, version in batch:
             if head.job_id in kept:
                 result.waiting[head.job_id] = reason
                 waits[head.job_id] = (version, head.attempt, head.pending, reason)
-                entry = self._queue.get(head.job_id) if self._queue is not None else None
+                entry = queue.get(head.job_id)
                 if entry is not None and entry[1] == head:
-                    self._queue[head.job_id] = (entry[0], replace(head, reason=reason))
+                    queue[head.job_id] = (entry[0], replace(head, reason=reason))
 
     def _admit(self, head: Head, decision: Decision, result: CycleResult) -> None:
         job_id = head.job_id
