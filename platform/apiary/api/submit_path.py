@@ -25,10 +25,11 @@ middleware forwards writes to the leader before they get here.
 
 from __future__ import annotations
 
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from apiary.api.auth import ON_BEHALF_HEADER
+from apiary.api.auth import ON_BEHALF_HEADER, bearer
 from apiary.api.guards import error_response
 from apiary.api.routers.jobs import FLOW_RUN_HEADER, accept_submission
 from apiary.errors import ApiaryError
@@ -50,17 +51,12 @@ class SubmitFastPath:
                 or scope.get("query_string")):
             await self.app(scope, receive, send)
             return
-        token: str | None = None
-        seen_authorization = False
-        for key, value in scope["headers"]:
-            if b"\x00" in value or b"\x00" in key or key in _ROUTE_HEADERS:
-                await self.app(scope, receive, send)
-                return
-            if key == b"authorization" and not seen_authorization:  # the first, as Request.headers.get
-                seen_authorization = True
-                scheme, _, rest = value.decode("latin-1").partition(" ")
-                token = (rest.strip() or None) if scheme.lower() == "bearer" else None
-        state = scope["app"].state
+        if any(b"\x00" in key or b"\x00" in value or key in _ROUTE_HEADERS for key, value in scope["headers"]):
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        state = request.app.state
+        token = bearer(request)
         try:
             caller = state.directory.authenticate_cached(token) if token else None
         except ApiaryError:  # a wrong or expired token: the route answers 401
@@ -68,29 +64,14 @@ class SubmitFastPath:
         if caller is None or caller.kind != "user":
             await self.app(scope, receive, send)
             return
-
-        async def body() -> bytes:
-            parts: list[bytes] = []
-            while True:
-                message = await receive()
-                if message["type"] != "http.request":  # the client went away: the route's request.body() raises
-                    raise ClientGone
-                parts.append(message.get("body", b""))
-                if not message.get("more_body", False):
-                    return b"".join(parts)
-
         try:
             limiter = getattr(state, "limiter", None)
             if limiter is not None and not caller.admin:
                 limiter.hit_call(caller.name)  # as get_principal: admins are not limited
-            job = await accept_submission(state, caller, body, None)
+            job = await accept_submission(state, caller, request.body, None)
         except ApiaryError as exc:
             await error_response(exc)(scope, receive, send)
             return
-        except ClientGone:
+        except ClientDisconnect:  # gone before its body arrived: nothing was submitted, nobody to answer
             return
         await JSONResponse(job, status_code=202)(scope, receive, send)
-
-
-class ClientGone(Exception):
-    """The client disconnected before its body arrived: nothing was submitted, nobody to answer."""

@@ -30,7 +30,7 @@ from apiary.lifecycle.reducer import Downgraded, Placed, Preempted, Waiting
 from apiary.scheduler import Decision
 from apiary.store.models import Attempt, Job, Task
 from apiary.store.records import write_waits
-from apiary.store.unit import UnitOfWork, reading, store_errors
+from apiary.store.unit import UnitOfWork, reading
 
 logger = logging.getLogger(__name__)
 
@@ -281,13 +281,9 @@ class SchedulingCycle:
         # A plain UPDATE per job, not a Work that loads each job's record, attempt and tasks to
         # change one column: under the lock, with none of them changed since the snapshot, the
         # snapshot is what the store holds; write_waits still writes only where it is.
-        with UnitOfWork(self.cache.sessions, "scheduling cycle") as uow:
-            with store_errors("scheduling cycle"):
-                ids = write_waits(uow.s, [(h.job_id, h.attempt, h.reason, reason) for h, reason, _ in batch],
-                                  self.cache.clock())
-            if not ids:
-                return
-            uow.commit()
+        with UnitOfWork(self.cache.sessions, "scheduling cycle") as uow:  # commits at the end of the block
+            ids = write_waits(uow.s, [(h.job_id, h.attempt, h.reason, reason) for h, reason, _ in batch],
+                              self.cache.clock())
         # After the commit: the snapshot's heads take their new reason here instead of being marked
         # changed for the next snapshot to read again (nothing else in memory holds a job's reason).
         kept = set(ids)

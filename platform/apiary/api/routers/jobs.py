@@ -116,7 +116,7 @@ async def accept_submission(state: Any, who: Principal, body: Callable[[], Await
     (not an admin's), the body (read by ``body``), the plane's group commit off the event loop with
     ``who``'s VC grants checked, then the limit counted. ``state`` is the app's state (``plane``,
     ``limiter``). Returns the job's JSON; raises what :meth:`ControlPlane.submit` and the limiter
-    raise (ValidationError, ConflictError, RateLimitedError, ...). The route and
+    raise (ValidationError, ConflictError, TooManyRequestsError, ...). The route and
     :class:`apiary.api.submit_path.SubmitFastPath` both submit through it."""
     limiter: RateLimiter | None = getattr(state, "limiter", None) if not who.admin else None
     if limiter is not None:
