@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import random
 
-from apiary.runtime.beat import HEARTBEAT_JITTER, RECOVERY_PERIOD_MIN, REPORT_RETRY_MIN_S, HeartbeatTimer
+from apiary.runtime.beat import (
+    HEARTBEAT_JITTER,
+    RECOVERY_PERIOD_MIN,
+    REPORT_RETRY_MIN_S,
+    SLOW_ANSWER,
+    SLOW_PERIOD_MIN,
+    HeartbeatTimer,
+)
 
 
 def test_a_steady_agent_beats_every_period_stretched_by_at_most_the_jitter() -> None:
@@ -48,3 +55,19 @@ def test_retries_wait_a_random_time_whose_cap_doubles_up_to_one_period_and_reset
     t.answered(200.0, 200.1, 10.0)
     assert t.failures == 0 and RECOVERY_PERIOD_MIN <= t.stretch <= 1.0  # back at a random phase
     assert HeartbeatTimer(random.Random(5)).retry_s(0.2) == REPORT_RETRY_MIN_S  # never under the minimum
+
+
+def test_agents_sent_in_step_and_answered_slowly_leave_the_step() -> None:
+    rng = random.Random(11)
+    fleet = [HeartbeatTimer(rng) for _ in range(1000)]
+    for t in fleet:
+        t.answered(50.0, 50.1, 10.0)  # a first answer
+        t.answered(60.0 + rng.uniform(0, 0.5), 63.0, 10.0)  # sent within half a second, answered 3 s later
+    due = sorted(t.last + t.period_s(10.0) for t in fleet)
+    assert due[0] >= 60.0 + SLOW_PERIOD_MIN * 10.0 and due[-1] <= 70.5  # counted from the send
+    per_second = [sum(1 for d in due if s <= d - 60.0 < s + 1) for s in range(5, 10)]
+    assert max(per_second) < 2 * 1000 / 5
+    t = HeartbeatTimer(random.Random(2))
+    t.answered(50.0, 50.1, 10.0)
+    t.answered(60.0, 60.0 + SLOW_ANSWER * 10.0 * 0.9, 10.0)  # just under slow: the steady jitter
+    assert 1.0 <= t.stretch <= 1.0 + HEARTBEAT_JITTER

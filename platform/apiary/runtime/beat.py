@@ -16,7 +16,15 @@ keeps them apart:
   was sent start a period of random length (:data:`RECOVERY_PERIOD_MIN` to 1 of a period; a late
   one counted from its answer, else the next heartbeat would be due at once, for every agent the
   same backlog answered). A shorter period is always safe for the self-fence; a late answer of a
-  self-fencing agent leaves at most a third of the time before its fence.
+  self-fencing agent leaves at most a third of the time before its fence;
+* a slow answer (:data:`SLOW_ANSWER` of a period or more, less than a period) starts a period
+  drawn from :data:`SLOW_PERIOD_MIN` to 1 of a period, counted from its send: reports sent in
+  step while the control plane was behind stay in step otherwise. At 5,000 hollow nodes
+  (bench/cluster.py --keep, 2026-11-29) about 800 nodes that had gone through the start-up
+  storm still beat within the same second every 10 s a minute later, and those seconds held the
+  slowest heartbeats of the job stream (p99 500-830 ms against 150-230 ms in the others). The
+  draw is not from :data:`RECOVERY_PERIOD_MIN`: while every answer is slow it shortens the mean
+  period by a quarter, not by nearly half.
 
 Monotonic seconds throughout; pure (the caller passes the times and the base period).
 """
@@ -32,6 +40,10 @@ REPORT_RETRY_MIN_S = 0.5
 #: The shortest period after a report answered at start, after failures or late, as a fraction of
 #: the period (drawn from this to 1).
 RECOVERY_PERIOD_MIN = 0.1
+#: An answer this fraction of a period or more after its send counts as slow.
+SLOW_ANSWER = 0.1
+#: The shortest period after a slow answer, as a fraction of the period (drawn from this to 1).
+SLOW_PERIOD_MIN = 0.5
 
 
 class HeartbeatTimer:
@@ -59,6 +71,9 @@ class HeartbeatTimer:
             if late and fence_left_s is not None and base_s > 0:
                 self.stretch = min(self.stretch, max(0.0, fence_left_s) / 3 / base_s)
             self.last = answered if late else sent
+        elif answered - sent >= SLOW_ANSWER * base_s:
+            self.stretch = self._rng.uniform(SLOW_PERIOD_MIN, 1.0)
+            self.last = sent
         else:
             self.stretch = 1.0 + self._rng.uniform(0.0, HEARTBEAT_JITTER)
             self.last = sent
