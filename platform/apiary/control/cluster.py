@@ -115,9 +115,7 @@ class ClusterService:
                     continue
                 w.step(job_id, Reconfigured(why))
                 stopped[job_id] = why
-                for prow in loaded.placements.values():
-                    prow.released = True
-                loaded.placements.clear()
+                loaded.release_placements()
             kept = sorted(set(new.groups()) - set(stopped))
             staged = None
             if self.config_path is not None:  # a restart must come back with the applied config

@@ -206,7 +206,7 @@ class JobService:
                 raise NotFoundError(f"Job {job_id} not found.")
             w.step(job_id, StopRequested())
             w.commit()
-            return job_json(w.s, loaded.row)
+            return job_json(w.s, self._get_job(w.s, job_id))  # the row as committed
 
     def tag_job(self, job_id: str, tag: str) -> dict:
         """Add ``tag`` to the job's tags (OpenPAI alert handler's tag-jobs). Idempotent."""

@@ -22,7 +22,7 @@ from types import TracebackType
 
 from apiary.lifecycle.reducer import Effects, Input, JobPolicy, SchedulerOp, step
 from apiary.store.models import Job
-from apiary.store.records import LoadedJob, load_job, load_jobs
+from apiary.store.records import LoadedJob, load_job, load_jobs, write_jobs
 from apiary.store.unit import Sessions, UnitOfWork, store_errors
 
 logger = logging.getLogger(__name__)
@@ -119,8 +119,7 @@ class Work(UnitOfWork):
         self._committing = True
         self.on_failure(self._rebuild)
         with store_errors(self.what):
-            for loaded in self.jobs.values():
-                loaded.write(self.s, self.now)
+            write_jobs(self.s, self.jobs.values(), self.now)
         change = Committed(tuple(self.ops), frozenset(self.touched), frozenset(self.jobs) | self.changed, self.wake)
         self.after_commit(lambda: self._apply(change))
         super().commit()
