@@ -18,13 +18,15 @@ keeps them apart:
   same backlog answered). A shorter period is always safe for the self-fence; a late answer of a
   self-fencing agent leaves at most a third of the time before its fence;
 * a slow answer (:data:`SLOW_ANSWER` of a period or more, less than a period) starts a period
-  drawn from :data:`SLOW_PERIOD_MIN` to 1 of a period, counted from its send: reports sent in
-  step while the control plane was behind stay in step otherwise. At 5,000 hollow nodes
-  (bench/cluster.py --keep, 2026-11-29) about 800 nodes that had gone through the start-up
-  storm still beat within the same second every 10 s a minute later, and those seconds held the
-  slowest heartbeats of the job stream (p99 500-830 ms against 150-230 ms in the others). The
-  draw is not from :data:`RECOVERY_PERIOD_MIN`: while every answer is slow it shortens the mean
-  period by a quarter, not by nearly half.
+  drawn from :data:`SLOW_PERIOD_MIN` to 1 of a period, counted from the answer, shortened like a
+  late one's for a self-fencing agent: reports sent in step while the control plane was behind
+  stay in step otherwise. At 5,000 hollow nodes (bench/cluster.py --keep, 2026-11-29) about 800
+  nodes that had gone through the start-up storm still beat within the same second every 10 s a
+  minute later, and those seconds held the slowest heartbeats of the job stream (p99 500-830 ms
+  against 150-230 ms in the others). Counted from the send instead, a period shorter than the
+  wait for the answer fell due at once, for every agent of the backlog together, and its quick
+  answer put them back in step. The draw is not from :data:`RECOVERY_PERIOD_MIN`: while every
+  answer is slow it shortens the mean period by a quarter, not by nearly half.
 
 Monotonic seconds throughout; pure (the caller passes the times and the base period).
 """
@@ -65,15 +67,14 @@ class HeartbeatTimer:
         """A report sent at ``sent`` was answered at ``answered``: start the next period (module
         doc). ``fence_left_s``: a self-fencing agent's time before its fence after this answer
         (None: not fencing)."""
-        late = answered - sent >= base_s
-        if self.failures > 0 or self.last == 0.0 or late:
-            self.stretch = self._rng.uniform(RECOVERY_PERIOD_MIN, 1.0)
-            if late and fence_left_s is not None and base_s > 0:
+        waited = answered - sent
+        late, slow = waited >= base_s, waited >= SLOW_ANSWER * base_s
+        if self.failures > 0 or self.last == 0.0 or slow:
+            low = RECOVERY_PERIOD_MIN if self.failures > 0 or self.last == 0.0 or late else SLOW_PERIOD_MIN
+            self.stretch = self._rng.uniform(low, 1.0)
+            if slow and fence_left_s is not None and base_s > 0:
                 self.stretch = min(self.stretch, max(0.0, fence_left_s) / 3 / base_s)
-            self.last = answered if late else sent
-        elif answered - sent >= SLOW_ANSWER * base_s:
-            self.stretch = self._rng.uniform(SLOW_PERIOD_MIN, 1.0)
-            self.last = sent
+            self.last = answered if slow else sent
         else:
             self.stretch = 1.0 + self._rng.uniform(0.0, HEARTBEAT_JITTER)
             self.last = sent
