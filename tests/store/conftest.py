@@ -10,6 +10,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from tests.pg import PostgresNotFound, create_database, start_postgres
@@ -40,3 +41,12 @@ def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def pg_url(postgres_url: str) -> str:
     """A fresh, empty database of its own on the session's server, for one test."""
     return create_database(postgres_url, f"t_{uuid.uuid4().hex[:16]}")
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh store's URL, once for SQLite (a file in the test's directory) and once for
+    PostgreSQL (:func:`pg_url`; the ``postgres`` mark)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/store.db"
+    return str(request.getfixturevalue("pg_url"))

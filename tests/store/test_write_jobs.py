@@ -73,10 +73,5 @@ def _check(url: str, logs: Path) -> None:
         engine.dispose()
 
 
-def test_write_jobs_writes_what_changed_sqlite(tmp_path: Path) -> None:
-    _check(f"sqlite:///{tmp_path}/a.db", tmp_path / "logs")
-
-
-@pytest.mark.postgres
-def test_write_jobs_writes_what_changed_postgres(pg_url: str, tmp_path: Path) -> None:
-    _check(pg_url, tmp_path / "logs")
+def test_write_jobs_writes_what_changed(store_url: str, tmp_path: Path) -> None:
+    _check(store_url, tmp_path / "logs")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from sqlalchemy import select
 from tests.support.builders import job_text
 
@@ -57,10 +56,5 @@ def _check(url: str, logs: Path) -> None:
         engine.dispose()
 
 
-def test_write_waits_writes_only_jobs_still_as_seen_sqlite(tmp_path: Path) -> None:
-    _check(f"sqlite:///{tmp_path}/a.db", tmp_path / "logs")
-
-
-@pytest.mark.postgres
-def test_write_waits_writes_only_jobs_still_as_seen_postgres(pg_url: str, tmp_path: Path) -> None:
-    _check(pg_url, tmp_path / "logs")
+def test_write_waits_writes_only_jobs_still_as_seen(store_url: str, tmp_path: Path) -> None:
+    _check(store_url, tmp_path / "logs")
