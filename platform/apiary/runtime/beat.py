@@ -17,16 +17,16 @@ keeps them apart:
   one counted from its answer, else the next heartbeat would be due at once, for every agent the
   same backlog answered). A shorter period is always safe for the self-fence; a late answer of a
   self-fencing agent leaves at most a third of the time before its fence;
-* a slow answer (:data:`SLOW_ANSWER` of a period or more, less than a period) starts a period
-  drawn from :data:`SLOW_PERIOD_MIN` to 1 of a period, counted from the answer, shortened like a
-  late one's for a self-fencing agent: reports sent in step while the control plane was behind
-  stay in step otherwise. At 5,000 hollow nodes (bench/cluster.py --keep, 2026-11-29) about 800
-  nodes that had gone through the start-up storm still beat within the same second every 10 s a
-  minute later, and those seconds held the slowest heartbeats of the job stream (p99 500-830 ms
-  against 150-230 ms in the others). Counted from the send instead, a period shorter than the
-  wait for the answer fell due at once, for every agent of the backlog together, and its quick
-  answer put them back in step. The draw is not from :data:`RECOVERY_PERIOD_MIN`: while every
-  answer is slow it shortens the mean period by a quarter, not by nearly half.
+* a slow answer (:data:`SLOW_ANSWER` of a period or more, less than a period) starts a period drawn
+  from :data:`SLOW_PERIOD_MIN` to 1 of a period, counted from the answer, shortened like a late
+  one's for a self-fencing agent: reports sent in step while the control plane was behind stay in
+  step otherwise. At 5,000 hollow nodes (bench/cluster.py --keep, 2026-11-29) about 800 nodes that
+  had gone through the start-up storm still beat within the same second every 10 s a minute later,
+  and those seconds held the slowest heartbeats of the job stream (per-second p99 490-830 ms in
+  those seconds, under 230 ms in most others). Counted from the send instead, a period shorter
+  than the wait for the answer fell due at once, for every agent of the backlog together, and its
+  quick answer put them back in step. The draw is not from :data:`RECOVERY_PERIOD_MIN`: while
+  every answer is slow it shortens the mean period by a quarter, not by nearly half.
 
 Monotonic seconds throughout; pure (the caller passes the times and the base period).
 """

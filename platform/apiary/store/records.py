@@ -1,10 +1,10 @@
 """Between the store's rows and the lifecycle's records (:mod:`apiary.lifecycle.reducer`).
 
-:func:`load_job` reads a job's row, its current attempt, the latest run of each instance and its
-unreleased placements into a :class:`LoadedJob`: a fresh :class:`~apiary.lifecycle.reducer.JobRecord`
-plus the rows it came from. The caller runs lifecycle steps on the record and hands each step's
-:class:`~apiary.lifecycle.reducer.Effects` to :meth:`LoadedJob.absorb`; :meth:`LoadedJob.write`
-then puts every change into the session (records into their rows, new attempts and runs as new
+:func:`load_jobs` reads each job's row, its current attempt, the latest run of each instance and
+its unreleased placements into a :class:`LoadedJob`: a fresh :class:`~apiary.lifecycle.reducer.JobRecord`
+plus the values of the rows it came from. The caller runs lifecycle steps on the record and hands each
+step's :class:`~apiary.lifecycle.reducer.Effects` to :meth:`LoadedJob.absorb`; :func:`write_jobs`
+then puts every change into the session's transaction (records into their rows, new attempts and runs as new
 rows, ``Allocate``/``Release`` operations as placement rows, events). Nothing is committed here: the
 caller commits, and only then applies the scheduler operations. A failed commit leaves nothing in
 memory to undo, because the record is rebuilt from the store for every transaction.
@@ -12,7 +12,7 @@ memory to undo, because the record is rebuilt from the store for every transacti
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -36,26 +36,9 @@ __all__ = ["LoadedJob", "attempt_record", "insert_new_jobs", "load_job", "load_j
            "write_waits"]
 
 
-def task_record(row: Task) -> TaskRecord:
-    """The lifecycle record of one task row (enums restored from their stored strings)."""
-    return TaskRecord(
-        task_role=row.task_role, index=row.index, attempt=row.attempt, task_attempt=row.task_attempt,
-        state=TaskState(row.state), node=row.node, gpus=tuple(row.gpus or ()), desired=Desired(row.desired),
-        stop_reason=row.stop_reason, run_id=row.run_id, exit_code=row.exit_code, exit_phrase=row.exit_phrase,
-        pid=row.pid, placed_at=row.placed_at, started=row.started, finished=row.finished, latest=row.latest,
-    )
-
-
-def attempt_record(row: Attempt) -> AttemptRecord:
-    return AttemptRecord(
-        index=row.index, created=row.created, launched=row.launched, finished=row.finished,
-        outcome=AttemptOutcome(row.outcome) if row.outcome else None, exit_code=row.exit_code,
-        reason=row.reason, preempted_by=row.preempted_by,
-    )
-
-
-def _task_of(m: RowMapping) -> TaskRecord:
-    """:func:`task_record` of a task row read with Core (a Row's ``index`` is tuple.index, so by name)."""
+def task_record(m: RowMapping) -> TaskRecord:
+    """The lifecycle record of one task row read with Core, by column name (a Row's ``index`` is
+    ``tuple.index``); enums restored from their stored strings."""
     return TaskRecord(
         task_role=m["task_role"], index=m["index"], attempt=m["attempt"], task_attempt=m["task_attempt"],
         state=TaskState(m["state"]), node=m["node"], gpus=tuple(m["gpus"] or ()), desired=Desired(m["desired"]),
@@ -64,8 +47,8 @@ def _task_of(m: RowMapping) -> TaskRecord:
     )
 
 
-def _attempt_of(m: RowMapping) -> AttemptRecord:
-    """:func:`attempt_record` of an attempt row read with Core."""
+def attempt_record(m: RowMapping) -> AttemptRecord:
+    """The lifecycle record of one attempt row read with Core, by column name."""
     return AttemptRecord(
         index=m["index"], created=m["created"], launched=m["launched"], finished=m["finished"],
         outcome=AttemptOutcome(m["outcome"]) if m["outcome"] else None, exit_code=m["exit_code"],
@@ -162,15 +145,16 @@ class LoadedJob:
         self.released.extend(self.placements.values())
         self.placements.clear()
 
-    def write(self, s: Session, now: float) -> None:
-        """:func:`write_jobs` of this job alone."""
-        write_jobs(s, [self], now)
 
-
-def _changed(values: dict[str, object], stored: Mapping[str, object]) -> dict[str, object]:
+def _changed(values: dict[str, object], stored: Mapping[Any, Any]) -> dict[str, object]:
     """The columns of ``values`` that differ from the stored ones: an UPDATE sets only those, and a
     row nothing changed is not written at all."""
     return {k: v for k, v in values.items() if stored[k] != v}
+
+
+def _releases(op: Release, key: tuple[int, str, int]) -> bool:
+    """Whether ``op`` frees the placement of ``key`` (attempt, taskRole, index)."""
+    return key[0] == op.attempt and (op.instances is None or (key[1], key[2]) in op.instances)
 
 
 def write_jobs(s: Session, jobs: Iterable[LoadedJob], now: float) -> None:
@@ -199,7 +183,7 @@ def write_jobs(s: Session, jobs: Iterable[LoadedJob], now: float) -> None:
             raise RuntimeError(f"job {loaded.record.id} was already written in this transaction")
         loaded.written = True
         rec = loaded.record
-        change(_JOBS, {"id": rec.id}, _changed(_job_columns(rec), dict(loaded.row._mapping)))
+        change(_JOBS, {"id": rec.id}, _changed(_job_columns(rec), loaded.row._mapping))
         for a, stored in loaded.attempts:
             if stored is None:
                 inserts[_ATTEMPTS].append(_attempt_values(rec.id, a))
@@ -222,12 +206,9 @@ def write_jobs(s: Session, jobs: Iterable[LoadedJob], now: float) -> None:
                     inserts[_PLACEMENTS].append(row)
                     pending[(op.attempt, p.task_role, p.index)] = row
             elif isinstance(op, Release):
-                def releases(key: tuple[int, str, int], attempt: int = op.attempt,
-                             instances: Collection[tuple[str, int]] | None = op.instances) -> bool:
-                    return key[0] == attempt and (instances is None or (key[1], key[2]) in instances)
-                for key in [k for k in loaded.placements if releases(k)]:
+                for key in [k for k in loaded.placements if _releases(op, k)]:
                     released.append(loaded.placements.pop(key))
-                for key in [k for k in pending if releases(k)]:
+                for key in [k for k in pending if _releases(op, k)]:
                     pending.pop(key)["released"] = True
         loaded.ops = []
         released.extend(loaded.released)
@@ -294,8 +275,8 @@ def _loaded(row: Row, arow: RowMapping | None, trows: list[RowMapping], prows: l
     rows (by id) and its unreleased placement rows."""
     job_id = row.id
     assert arow is not None, f"job {job_id} has no row for its attempt {row.attempt}"
-    attempt = _attempt_of(arow)
-    tasks: list[tuple[TaskRecord, dict[str, object] | None]] = [(_task_of(t), {c: t[c] for c in _TASK_OWNED})
+    attempt = attempt_record(arow)
+    tasks: list[tuple[TaskRecord, dict[str, object] | None]] = [(task_record(t), {c: t[c] for c in _TASK_OWNED})
                                                                  for t in trows]
     record = JobRecord(
         id=row.id, user=row.user, policy=policy_of(row), state=JobState(row.state), attempt=attempt,
