@@ -50,6 +50,7 @@ for _p in (str(REPO_ROOT / "platform"), str(_BENCH)):  # run alone: python bench
 
 from apiary.client import ApiaryClient  # noqa: E402
 from apiary.errors import ApiaryError  # noqa: E402
+from apiary.runtime.hollow import BARE, RUNS  # noqa: E402
 
 logger = logging.getLogger("bench.cluster")
 
@@ -413,8 +414,9 @@ def placed_at(client: ApiaryClient) -> dict[tuple[str, int, str, str], float]:
         after = page[-1]["seq"]
 
 
-def _window(beats: list[tuple[float, float]], t0: float, t1: float) -> list[float]:
-    return [s for t, s in beats if t0 <= t < t1]
+def _window(beats: list[tuple[float, float, str]], t0: float, t1: float, kind: str | None = None) -> list[float]:
+    """Round trips (s) of the reports sent in ``[t0, t1)``, of ``kind`` only when given."""
+    return [s for t, s, k in beats if t0 <= t < t1 and (kind is None or k == kind)]
 
 
 def measure_hollow(nodes: int, *, processes: int = 1, database: str = "postgresql", idle_s: float = IDLE_S,
@@ -498,7 +500,7 @@ def _measure(dep: Deployment, root: Path, nodes: int, processes: int, database: 
     for p in dep.hollow:
         p.wait(timeout=120)
     hollow_wall = time.monotonic() - t_hollow
-    beats: list[tuple[float, float]] = []
+    beats: list[tuple[float, float, str]] = []
     received: dict[str, dict] = {}
     lag: list[float] = []
     errors: list[tuple[float, str]] = []
@@ -506,7 +508,7 @@ def _measure(dep: Deployment, root: Path, nodes: int, processes: int, database: 
     gc_pauses: list[float] = []
     for path in stats_paths:
         d = json.loads(path.read_text())
-        beats += [(t, s) for _, t, s in d["beats"]]
+        beats += [(t, s, kind) for _, t, s, kind in d["beats"]]
         received.update(d["received"])
         lag += [s for _, s in d["loopLag"]]
         errors += [(t, kind) for _, t, kind in d["reportErrors"]]
@@ -526,7 +528,8 @@ def _measure(dep: Deployment, root: Path, nodes: int, processes: int, database: 
         key = (m["job"], int(m["attempt"]), m["role"], m["index"])
         if key in placed:
             delivery.append(r["at"] - placed[key])
-    measured = _window(beats, idle_t0, burst_t1)
+    bare = _window(beats, idle_t0, burst_t1, BARE)
+    runs = _window(beats, idle_t0, burst_t1, RUNS)
     stream_ms = sorted(x * 1000 for x in stream.latencies)
     burst_ms = [x * 1000 for x in burst.latencies]
     out = {
@@ -546,13 +549,22 @@ def _measure(dep: Deployment, root: Path, nodes: int, processes: int, database: 
         "postgres_cpu_stream_cores": streaming["postgres"],
         "hollow_cpu_idle_cores": idle["hollow"],
         "hollow_cpu_stream_cores": streaming["hollow"],
-        "heartbeat_p50_ms": _ms(measured, 50),
-        "heartbeat_p99_ms": _ms(measured, 99),
-        "heartbeat_max_ms": _ms(measured, 100),
-        "heartbeat_samples": len(measured),
-        "heartbeat_idle_p99_ms": _ms(_window(beats, idle_t0, idle_t1), 99),
-        "heartbeat_stream_p99_ms": _ms(_window(beats, idle_t1, stream_t1), 99),
-        "heartbeat_burst_p99_ms": _ms(_window(beats, stream_t1, burst_t1), 99),
+        "heartbeat_p50_ms": _ms(bare, 50),
+        "heartbeat_p99_ms": _ms(bare, 99),
+        "heartbeat_max_ms": _ms(bare, 100),
+        "heartbeat_samples": len(bare),
+        "heartbeat_idle_p99_ms": _ms(_window(beats, idle_t0, idle_t1, BARE), 99),
+        "heartbeat_stream_p99_ms": _ms(_window(beats, idle_t1, stream_t1, BARE), 99),
+        "heartbeat_burst_p99_ms": _ms(_window(beats, stream_t1, burst_t1, BARE), 99),
+        "run_report_p50_ms": _ms(runs, 50),
+        "run_report_p99_ms": _ms(runs, 99),
+        "run_report_max_ms": _ms(runs, 100),
+        "run_report_samples": len(runs),
+        "run_report_stream_p99_ms": _ms(_window(beats, idle_t1, stream_t1, RUNS), 99),
+        "run_report_burst_p99_ms": _ms(_window(beats, stream_t1, burst_t1, RUNS), 99),
+        # Both kinds together: what heartbeat_* measured until 2026-11-29 (bench/README.md).
+        "report_p99_ms": _ms(bare + runs, 99),
+        "report_burst_p99_ms": _ms(_window(beats, stream_t1, burst_t1), 99),
         "report_errors": len(errors),
         # Failed reports by window (startup: before the idle window, until every node was ready and
         # SETTLE_S more; after: while the jobs finished) and kind (HTTP status or exception class).
@@ -613,10 +625,12 @@ def method(obj: dict) -> str:
         f"{st.get('burst_jobs')} such jobs by {st.get('burst_clients')} clients as fast as answered (none started "
         f"after {BURST_MAX_S:g} s). leader_cpu_*_cores: psutil user+system CPU seconds of the control-plane "
         "process / wall seconds of that window (1.0 = one core; postgres_* and hollow_* likewise for the "
-        "postmaster with its backends and the hollow processes). heartbeat_*: every report a hollow agent sent "
-        "(bare heartbeat or run statuses), perf_counter from the start of NodeAgent._report_once to the parsed "
-        "answer, over the idle + stream + burst windows (the hollow process's own event-loop delay included: "
-        "hollow_loop_lag_p99_ms; hollow_gc_pause_max_ms: their longest cyclic-GC pause). report_errors: "
+        "postmaster with its backends and the hollow processes). heartbeat_*: every bare heartbeat a hollow agent "
+        "sent (a status report without run statuses, output or cannotRecord), perf_counter from the start of "
+        "NodeAgent._report_once to the parsed answer, over the idle + stream + burst windows (the hollow "
+        "process's own event-loop delay included: hollow_loop_lag_p99_ms; hollow_gc_pause_max_ms: their longest "
+        "cyclic-GC pause); run_report_*: the same for the status reports that carried run statuses or output "
+        "(applied in a transaction under the plane's lock); report_p99_ms: both kinds together. report_errors: "
         "reports that failed, report_errors_by_window: by window (startup = the fleet joining) and kind. "
         "assignment_*: per task, time.time() when the hollow agent's long poll answer "
         "carrying the RUN assignment reached its reconcile minus the time of the job's job.placed event "

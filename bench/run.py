@@ -501,7 +501,9 @@ def run_cluster(which: set[str], quick: bool, sizes: list[int] | None, errors: l
             print(
                 f"cluster hollow_{n}: leader CPU idle {d['leader_cpu_idle_cores']} / stream "
                 f"{d['leader_cpu_stream_cores']} cores; heartbeat p50/p99 {d['heartbeat_p50_ms']}/"
-                f"{d['heartbeat_p99_ms']} ms over {d['heartbeat_samples']}; assignment p50/p99 "
+                f"{d['heartbeat_p99_ms']} ms over {d['heartbeat_samples']}; run reports p50/p99 "
+                f"{d['run_report_p50_ms']}/{d['run_report_p99_ms']} ms over {d['run_report_samples']}; "
+                "assignment p50/p99 "
                 f"{d['assignment_p50_ms']}/{d['assignment_p99_ms']} ms over {d['assignment_samples']}; stream "
                 f"{d['stream_rate_per_s']}/s p99 {d['stream_submit_p99_ms']} ms; burst {d['submit_per_s']}/s p99 "
                 f"{d['submit_p99_ms']} ms; {d['jobs_succeeded']}/{d['jobs_submitted']} SUCCEEDED; ready after "

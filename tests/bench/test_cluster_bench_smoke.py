@@ -51,10 +51,16 @@ def test_quick_cluster_writes_hollow_numbers(tmp_path: Path) -> None:
     assert 40 < r["jobs_submitted"] <= 140 and r["jobs_succeeded"] == r["jobs_submitted"], r["jobs_states"]
     assert r["submit_errors"] == 0
     assert r["assignment_samples"] == r["jobs_submitted"]  # every placement reached its hollow node
-    assert r["heartbeat_samples"] > 40
-    for key in ("leader_cpu_idle_cores", "heartbeat_p50_ms", "heartbeat_p99_ms", "assignment_p50_ms",
-                "assignment_p99_ms", "submit_per_s", "submit_p99_ms", "stream_rate_per_s"):
+    # Every node reported at least once in the 10 s of idle and stream windows (a 10 s heartbeat
+    # period): bare heartbeats, and the jobs' starts and exits in reports carrying run statuses,
+    # counted apart.
+    assert r["heartbeat_samples"] > 0 and r["run_report_samples"] > 0
+    assert r["heartbeat_samples"] + r["run_report_samples"] > 40
+    for key in ("leader_cpu_idle_cores", "heartbeat_p50_ms", "heartbeat_p99_ms", "run_report_p50_ms",
+                "run_report_p99_ms", "report_p99_ms", "assignment_p50_ms", "assignment_p99_ms", "submit_per_s",
+                "submit_p99_ms", "stream_rate_per_s"):
         assert isinstance(r[key], int | float) and r[key] >= 0, (key, r[key])
     assert r["heartbeat_p99_ms"] >= r["heartbeat_p50_ms"] and r["assignment_p99_ms"] >= r["assignment_p50_ms"]
+    assert r["run_report_p99_ms"] >= r["run_report_p50_ms"]
     assert "loopback" in r["method"] and "job.placed" in r["method"]
     assert "cluster hollow_40:" in proc.stdout

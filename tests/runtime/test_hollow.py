@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from apiary.errors import PlatformError, ValidationError
+from apiary.runtime import hollow
 from apiary.runtime.base import TaskLaunch
 from apiary.runtime.hollow import (
     DEFAULT_DURATION_S,
@@ -182,7 +183,19 @@ def test_a_failed_report_is_recorded_with_its_time_and_kind() -> None:
     assert [kind for _, kind in agent.stats.report_errors] == ["HTTP 503", "ReadTimeout"]
     assert all(t0 <= t <= time.time() for t, _ in agent.stats.report_errors)
     assert len(agent.stats.beats) == 1  # the third one was answered
+    assert agent.stats.beats[0][2] == hollow.BARE  # nothing to tell but the node's facts
     assert report_error_kind(httpx.ConnectError("refused")) == "ConnectError"
+
+
+def test_a_report_is_bare_only_without_runs_output_or_trouble() -> None:
+    facts = {"agentId": "a", "gpus": 8, "simulatedGpus": True, "address": "127.0.0.1", "runs": [],
+             "cannotRecord": None}
+    assert hollow.report_kind(facts) == hollow.BARE
+    assert hollow.report_kind({**facts, "runs": [{"run_id": "r", "state": "running"}]}) == hollow.RUNS
+    assert hollow.report_kind({**facts, "logs": [{"runId": "r", "stream": "stdout", "offset": 0, "data": ""}]}) \
+        == hollow.RUNS
+    assert hollow.report_kind({**facts, "cannotRecord": "disk full"}) == hollow.RUNS
+    assert hollow.report_kind(None) == hollow.RUNS
 
 
 def test_gc_pauses_records_collections_at_least_as_long_as_its_floor() -> None:
@@ -196,8 +209,6 @@ def test_gc_pauses_records_collections_at_least_as_long_as_its_floor() -> None:
 
 
 def test_the_heap_is_settled_once_after_every_agent_had_a_report_answered(monkeypatch) -> None:
-    from apiary.runtime import hollow
-
     settled: list[int] = []
     agents = [HollowAgent(f"n{i}", "http://unused", HollowBackend(), client=None)  # type: ignore[arg-type]
               for i in range(3)]
@@ -209,7 +220,7 @@ def test_the_heap_is_settled_once_after_every_agent_had_a_report_answered(monkey
         for a in agents:
             await asyncio.sleep(0.03)
             assert not settled  # not while an agent has had no answer
-            a.stats.beats.append((time.time(), 0.001))
+            a.stats.beats.append((time.time(), 0.001, hollow.BARE))
         await asyncio.wait_for(task, 5)
 
     asyncio.run(go())
@@ -345,6 +356,8 @@ def test_twenty_hollow_nodes_run_jobs_against_a_real_control_plane(control_plane
     report = result["report"]
     assert set(report.stats) == set(nodes)
     assert all(st.beats for st in report.stats.values())  # every node reported at least once
+    # Run statuses went in reports of their own kind; the rest were bare heartbeats.
+    assert {kind for st in report.stats.values() for *_, kind in st.beats} == {hollow.BARE, hollow.RUNS}
     received = {r["job"] for st in report.stats.values() for r in st.received.values()}
     assert set(ok) | {bad, long} <= received
     d = report.to_dict()
@@ -377,7 +390,7 @@ def test_hollow_nodes_command_runs_a_shard_and_writes_its_stats(control_plane, t
     assert proc.returncode == 0, out[-2000:]
     d = json.loads(stats.read_text())
     assert d["nodes"] == 2
-    assert {n for n, _, _ in d["beats"]} == {"hn-01", "hn-03"}  # shard 1/2 of the first 4 nodes
+    assert {n for n, *_ in d["beats"]} == {"hn-01", "hn-03"}  # shard 1/2 of the first 4 nodes
 
 
 def test_hollow_nodes_command_refuses_a_bad_shard() -> None:

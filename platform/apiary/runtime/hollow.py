@@ -24,10 +24,13 @@ This module is Apiary's kubemark:
 
 What each hollow agent measures (all on this host's clocks):
 
-* ``beats``: ``(wall time, seconds)`` of every report that was sent, heartbeat or run statuses:
-  ``time.perf_counter`` from entering :meth:`NodeAgent._report_once` to its return after the
-  control plane's answer was parsed. The event loop's own delays (a busy hollow process) are in it,
-  as they are for a real agent on a busy host; ``loop_lag`` says how busy it was.
+* ``beats``: ``(wall time, seconds, kind)`` of every report that was sent: ``time.perf_counter``
+  from entering :meth:`NodeAgent._report_once` to its return after the control plane's answer was
+  parsed. The event loop's own delays (a busy hollow process) are in it, as they are for a real
+  agent on a busy host; ``loop_lag`` says how busy it was. ``kind`` is :data:`BARE` for a bare
+  heartbeat (no run statuses, no output, no ``cannotRecord``: what the control plane may answer in
+  memory, :func:`apiary.api.heartbeat.take_bare_heartbeat`) and :data:`RUNS` for a report that
+  carries any of them (the plane applies it in a transaction under its lock).
 * ``report_errors``: ``(wall time, kind)`` of every report that failed, the kind an HTTP status
   or the exception's class (:func:`report_error_kind`).
 * ``received``: for every ``RUN`` assignment the first time it is seen, ``time.time()`` when the
@@ -222,16 +225,30 @@ def report_error_kind(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+#: A report's kind in :attr:`HollowStats.beats`: a bare heartbeat, or one carrying run statuses,
+#: output or ``cannotRecord``.
+BARE, RUNS = "bare", "runs"
+
+
+def report_kind(body: Any) -> str:
+    """:data:`BARE` when a status report's JSON ``body`` tells nothing but the node's facts (no
+    ``runs``, no ``logs``, no ``cannotRecord``), else :data:`RUNS`."""
+    if isinstance(body, dict) and not body.get("runs") and not body.get("logs") and body.get("cannotRecord") is None:
+        return BARE
+    return RUNS
+
+
 @dataclass
 class HollowStats:
     """One hollow agent's own measurements (module doc says exactly what each is).
 
-    ``beats``: ``(unix time sent, round trip s)`` per report sent; ``report_errors``: reports that
+    ``beats``: ``(unix time sent, round trip s, kind)`` per report answered, ``kind`` :data:`BARE`
+    or :data:`RUNS` (module doc); ``report_errors``: reports that
     failed (HTTP error, timeout), each ``(unix time sent, kind)``, the kind as
     :func:`report_error_kind` names it; ``received``: run id -> ``{"at": unix s, "job", "taskRole",
     "index"}`` for each ``RUN`` assignment, the first time it was seen."""
 
-    beats: list[tuple[float, float]] = field(default_factory=list)
+    beats: list[tuple[float, float, str]] = field(default_factory=list)
     report_errors: list[tuple[float, str]] = field(default_factory=list)
     received: dict[str, dict] = field(default_factory=dict)
 
@@ -254,6 +271,7 @@ class HollowAgent(NodeAgent):
         self.heartbeat_s, self.long_poll_s = heartbeat_s, long_poll_s
         self.phase_s = phase_s
         self.stats = HollowStats()
+        self._sent_kind = RUNS  # the kind of the status report being sent (report_kind)
 
     def _reconcile(self, assignments: list[dict]) -> None:
         now = time.time()
@@ -266,17 +284,24 @@ class HollowAgent(NodeAgent):
                                                "taskRole": labels.get("task_role"), "index": labels.get("index")}
         super()._reconcile(assignments)
 
+    async def _request(self, method: str, path: str, *, timeout: float | httpx.Timeout,
+                       headers: dict[str, str] | None = None, **kw: Any) -> httpx.Response:
+        if path.endswith("/status"):
+            self._sent_kind = report_kind(kw.get("json"))
+        return await super()._request(method, path, timeout=timeout, headers=headers, **kw)
+
     async def _report_once(self) -> None:
         before = self.beat.last
         t0 = time.perf_counter()
         sent = time.time()
+        self._sent_kind = RUNS
         try:
             await super()._report_once()
         except Exception as exc:
             self.stats.report_errors.append((sent, report_error_kind(exc)))
             raise
         if self.beat.last != before:  # a report was sent and answered
-            self.stats.beats.append((time.time(), time.perf_counter() - t0))
+            self.stats.beats.append((time.time(), time.perf_counter() - t0, self._sent_kind))
 
     def _wake_in(self) -> float:
         """Seconds until the next report is due: a heartbeat or the end of a timer task."""
@@ -335,12 +360,12 @@ class HollowReport:
     gc_pauses: list[tuple[float, int, float]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        """JSON-ready: ``{"beats": [[node, t, s], ...], "reportErrors": [[node, t, kind], ...],
+        """JSON-ready: ``{"beats": [[node, t, s, kind], ...], "reportErrors": [[node, t, kind], ...],
         "received": {run id: {..., "node"}}, "loopLag": [[t, s], ...], "gcPauses": [[t, generation, s],
         ...], "cpuS", "wallS", "nodes"}``."""
         return {
             "nodes": len(self.stats),
-            "beats": [[n, round(t, 4), round(s, 6)] for n, st in self.stats.items() for t, s in st.beats],
+            "beats": [[n, round(t, 4), round(s, 6), k] for n, st in self.stats.items() for t, s, k in st.beats],
             "reportErrors": [[n, round(t, 4), kind] for n, st in self.stats.items() for t, kind in st.report_errors],
             "received": {rid: {**r, "node": n} for n, st in self.stats.items() for rid, r in st.received.items()},
             "loopLag": [[round(t, 4), round(s, 6)] for t, s in self.loop_lag],
