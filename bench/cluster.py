@@ -419,6 +419,18 @@ def _window(beats: list[tuple[float, float, str]], t0: float, t1: float, kind: s
     return [s for t, s, k in beats if t0 <= t < t1 and (kind is None or k == kind)]
 
 
+def _report_figures(name: str, beats: list[tuple[float, float, str]], kind: str, measured: tuple[float, float],
+                    windows: dict[str, tuple[float, float]]) -> dict:
+    """``<name>_p50_ms``, ``_p99_ms``, ``_max_ms`` and ``_samples`` of the ``kind`` reports sent in
+    ``measured`` (``[t0, t1)``, unix s), and ``<name>_<window>_p99_ms`` for each of ``windows``."""
+    values = _window(beats, *measured, kind)
+    out = {f"{name}_p50_ms": _ms(values, 50), f"{name}_p99_ms": _ms(values, 99), f"{name}_max_ms": _ms(values, 100),
+           f"{name}_samples": len(values)}
+    for window, (t0, t1) in windows.items():
+        out[f"{name}_{window}_p99_ms"] = _ms(_window(beats, t0, t1, kind), 99)
+    return out
+
+
 def measure_hollow(nodes: int, *, processes: int = 1, database: str = "postgresql", idle_s: float = IDLE_S,
                    stream_rate: float = STREAM_RATE, stream_s: float = STREAM_S, job_sleep_s: float = JOB_SLEEP_S,
                    burst_jobs: int = BURST_JOBS, burst_clients: int = BURST_CLIENTS, profile: Path | None = None,
@@ -528,8 +540,6 @@ def _measure(dep: Deployment, root: Path, nodes: int, processes: int, database: 
         key = (m["job"], int(m["attempt"]), m["role"], m["index"])
         if key in placed:
             delivery.append(r["at"] - placed[key])
-    bare = _window(beats, idle_t0, burst_t1, BARE)
-    runs = _window(beats, idle_t0, burst_t1, RUNS)
     stream_ms = sorted(x * 1000 for x in stream.latencies)
     burst_ms = [x * 1000 for x in burst.latencies]
     out = {
@@ -549,21 +559,12 @@ def _measure(dep: Deployment, root: Path, nodes: int, processes: int, database: 
         "postgres_cpu_stream_cores": streaming["postgres"],
         "hollow_cpu_idle_cores": idle["hollow"],
         "hollow_cpu_stream_cores": streaming["hollow"],
-        "heartbeat_p50_ms": _ms(bare, 50),
-        "heartbeat_p99_ms": _ms(bare, 99),
-        "heartbeat_max_ms": _ms(bare, 100),
-        "heartbeat_samples": len(bare),
-        "heartbeat_idle_p99_ms": _ms(_window(beats, idle_t0, idle_t1, BARE), 99),
-        "heartbeat_stream_p99_ms": _ms(_window(beats, idle_t1, stream_t1, BARE), 99),
-        "heartbeat_burst_p99_ms": _ms(_window(beats, stream_t1, burst_t1, BARE), 99),
-        "run_report_p50_ms": _ms(runs, 50),
-        "run_report_p99_ms": _ms(runs, 99),
-        "run_report_max_ms": _ms(runs, 100),
-        "run_report_samples": len(runs),
-        "run_report_stream_p99_ms": _ms(_window(beats, idle_t1, stream_t1, RUNS), 99),
-        "run_report_burst_p99_ms": _ms(_window(beats, stream_t1, burst_t1, RUNS), 99),
+        **_report_figures("heartbeat", beats, BARE, (idle_t0, burst_t1),
+                          {"idle": (idle_t0, idle_t1), "stream": (idle_t1, stream_t1), "burst": (stream_t1, burst_t1)}),
+        **_report_figures("run_report", beats, RUNS, (idle_t0, burst_t1),
+                          {"stream": (idle_t1, stream_t1), "burst": (stream_t1, burst_t1)}),
         # Both kinds together: what heartbeat_* measured until 2026-11-29 (bench/README.md).
-        "report_p99_ms": _ms(bare + runs, 99),
+        "report_p99_ms": _ms(_window(beats, idle_t0, burst_t1), 99),
         "report_burst_p99_ms": _ms(_window(beats, stream_t1, burst_t1), 99),
         "report_errors": len(errors),
         # Failed reports by window (startup: before the idle window, until every node was ready and
