@@ -246,7 +246,7 @@ def list_dir(root: Path | str, rel: str) -> list[dict[str, Any]]:
         fd = _dir_fd(root, rel)
     except ValidationError as e:
         if isinstance(e.__cause__, OSError) and e.__cause__.errno == errno.ENOTDIR:
-            return [stat(root, rel)]  # a file (a component that is a file raises here again)
+            return [_file_entry(root, rel)]
         raise
     out = []
     try:
@@ -259,6 +259,24 @@ def list_dir(root: Path | str, rel: str) -> list[dict[str, Any]]:
     finally:
         os.close(fd)
     return sorted(out, key=lambda e: e["name"])
+
+
+def _file_entry(root: Path | str, rel: str) -> dict[str, Any]:
+    """The entry of ``rel`` resolved as :func:`open_read` resolves it (a symlink inside the root
+    followed with openat2, refused by the walk); raises as it does."""
+    parts = check_relative(rel)
+    with _root_fd(root) as rfd:
+        try:
+            fd = _open_beneath(rfd, parts, os.O_PATH)
+        except OSError as e:
+            raise _translate(e, rel) from e
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if stat_mod.S_ISLNK(st.st_mode):  # the walk opened the link itself (O_PATH | O_NOFOLLOW)
+        raise ValidationError("path", f"{rel!r} goes through a symlink that is not allowed here")
+    return _entry(parts[-1] if parts else "", st)
 
 
 def open_read(root: Path | str, rel: str) -> tuple[BinaryIO, int]:

@@ -48,6 +48,7 @@ __all__ = [
     "ServerSpec",
     "check_server",
     "mount_argv",
+    "mount_log",
     "redacted",
     "scrub",
 ]
@@ -196,9 +197,9 @@ def scrub(text: str, spec: ServerSpec) -> str:
     return text
 
 
-def _ssh_files(spec: ServerSpec, private: Path) -> tuple[Path, Path]:
+def _ssh_files(spec: ServerSpec, private: Path) -> tuple[Path, Path, Path]:
     """Write the key and the known-hosts file of an sshfs server under ``private/<key>/`` (0700;
-    files 0600), returning their paths."""
+    files 0600) and empty its ssh log, returning the three paths."""
     d = spec.data
     where = procutil.private_dir(private / spec.key)
     identity = where / "identity"
@@ -210,7 +211,21 @@ def _ssh_files(spec: ServerSpec, private: Path) -> tuple[Path, Path]:
     host = d["address"].strip("[]")
     pattern = host if port == 22 else f"[{host}]:{port}"
     procutil.write_private(known_hosts, f"{pattern} {d['hostKey'].strip()}\n" if "hostKey" in d else "")
-    return identity, known_hosts
+    log = where / "ssh.log"
+    procutil.write_private(log, "")
+    return identity, known_hosts, log
+
+
+def mount_log(spec: ServerSpec, private_dir: Path) -> str:
+    """What the mount's client logged apart from its stderr (secrets not yet scrubbed: pass it
+    through :func:`scrub`): for sshfs, ssh's own log (``ssh -E``: sshfs in the background sends
+    ssh's stderr, "Host key verification failed." included, nowhere); ``""`` for other types."""
+    if spec.type != "sshfs":
+        return ""
+    try:
+        return (Path(private_dir) / spec.key / "ssh.log").read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def mount_argv(spec: ServerSpec, target: Path, private_dir: Path) -> list[str]:
@@ -238,9 +253,9 @@ def mount_argv(spec: ServerSpec, target: Path, private_dir: Path) -> list[str]:
         options = ["-o", "backup-volfile-servers=" + ":".join(backups)] if backups else []
         return ["mount", "-t", "glusterfs", *options, f"{d['address']}:/{d['volume']}", str(target)]
     # sshfs
-    identity, known_hosts = _ssh_files(spec, Path(private_dir))
-    if "," in str(identity):  # sshfs -o splits on commas
-        raise ValidationError("private_dir", f"{private_dir} holds a comma: sshfs options cannot carry it")
+    identity, known_hosts, log = _ssh_files(spec, Path(private_dir))
+    if any(c in str(identity) for c in ", \t"):  # sshfs -o splits on commas, ssh_command on blanks
+        raise ValidationError("private_dir", f"{private_dir} holds a comma or a blank: sshfs options cannot carry it")
     options = [
         f"IdentityFile={identity}",
         "IdentitiesOnly=yes",
@@ -252,9 +267,9 @@ def mount_argv(spec: ServerSpec, target: Path, private_dir: Path) -> list[str]:
         f"ConnectTimeout={SSH_CONNECT_TIMEOUT_S}",
         f"ServerAliveInterval={SSH_ALIVE_INTERVAL_S}",
         f"ServerAliveCountMax={SSH_ALIVE_COUNT_MAX}",
-        "LogLevel=ERROR",  # no "Permanently added ..." chatter in the stderr a MountError quotes
         "reconnect",
         "allow_other",
+        f"ssh_command=ssh -E {log}",  # ssh's log to a file: the table quotes it when the mount fails
     ]
     return ["sshfs", f"{d['user']}@{d['address']}:{d['rootPath']}", str(target),
             "-p", str(d.get("port", 22)), "-o", ",".join(options)]

@@ -55,7 +55,7 @@ import psutil
 from apiary import procutil
 from apiary.errors import PlatformError, ValidationError
 from apiary.mounts import files
-from apiary.mounts.servers import ServerSpec, check_server, mount_argv, redacted, scrub
+from apiary.mounts.servers import ServerSpec, check_server, mount_argv, mount_log, redacted, scrub
 
 __all__ = ["MountError", "MountTable", "is_mounted", "mount_points"]
 
@@ -315,7 +315,8 @@ class MountTable:
             _kill_leftovers(target)
             if is_mounted(target):
                 _run(["umount", "-l", str(target)], UMOUNT_TIMEOUT_S)
-            text = scrub(err.strip(), server)[-_STDERR_MAX:] or "(no output)"
+            said = "\n".join(t.strip() for t in (mount_log(server, self.private), err) if t.strip())
+            text = scrub(said, server)[-_STDERR_MAX:] or "(no output)"
             raise MountError(server.name, server.type,
                              f"`{argv[0]}` failed ({'exit ' + str(rc) if rc else 'nothing mounted'}): {text}")
         logger.info("storage mounted server=%s type=%s target=%s seconds=%.2f",
