@@ -16,7 +16,7 @@ SETUP ?= setup
 PYTEST_ARGS ?=
 
 # The tests that start real services or processes (pyproject's markers); `make test-fast` skips them.
-SLOW_MARKERS := e2e or postgres or prometheus or prefect or docker or netns
+SLOW_MARKERS := e2e or postgres or prometheus or prefect or docker or netns or dfs
 
 setup: $(STAMP)
 
