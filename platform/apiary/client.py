@@ -311,6 +311,87 @@ class ApiaryClient:
     def revoke_token(self, token_id: str) -> dict:
         return self._call("DELETE", f"/api/v2/tokens/{token_id}").json()
 
+    # ------------------------------------------------------------------ storage
+    def storage_servers(self) -> builtins.list[dict]:
+        """Storage servers, secrets redacted (admins)."""
+        return self._call("GET", "/api/v2/storages/servers").json()
+
+    def put_storage_server(self, name: str, type_: str, data: dict) -> dict:
+        """Create or replace a storage server (admins)."""
+        return self._call("PUT", f"/api/v2/storages/servers/{name}", json={"type": type_, "data": data}).json()
+
+    def delete_storage_server(self, name: str) -> None:
+        self._call("DELETE", f"/api/v2/storages/servers/{name}")
+
+    def storage_configs(self) -> builtins.list[dict]:
+        """The storage configs the token's user may use (admins: all)."""
+        return self._call("GET", "/api/v2/storages/configs").json()
+
+    def storage_config(self, name: str) -> dict:
+        return self._call("GET", f"/api/v2/storages/configs/{name}").json()
+
+    def put_storage_config(self, name: str, mount_infos: builtins.list[dict], default: bool = False) -> dict:
+        """Create or replace a storage config (admins): OpenPAI's ``mountInfos``."""
+        return self._call("PUT", f"/api/v2/storages/configs/{name}",
+                          json={"default": default, "mountInfos": mount_infos}).json()
+
+    def delete_storage_config(self, name: str) -> None:
+        self._call("DELETE", f"/api/v2/storages/configs/{name}")
+
+    def set_storage_grant(self, group: str, config: str, granted: bool = True) -> dict:
+        """Grant (or revoke) a group a storage config (admins); the group as the API shows it."""
+        return self._call("PUT" if granted else "DELETE", f"/api/v2/groups/{group}/storageConfigs/{config}").json()
+
+    def storage_list(self, config: str, path: str = "") -> builtins.list[dict]:
+        """``[{name, type, size, mtime}]`` of a directory in a config (a file: its own entry)."""
+        return self._call("GET", f"/api/v2/storages/configs/{config}/list", params={"path": path}).json()
+
+    def storage_upload(self, config: str, path: str, source: Path, *, overwrite: bool = True,
+                       progress: Any = None, chunk_bytes: int = 1 << 20) -> dict:
+        """Stream the local file ``source`` to ``config:path``; ``progress(bytes)`` is called per
+        chunk sent. Returns ``{"path", "size"}``. The file's size is sent as ``Content-Length``, so a
+        file over the platform's limit is refused (413) before any byte is sent."""
+        size = source.stat().st_size
+
+        def chunks() -> Any:
+            with source.open("rb") as f:
+                while block := f.read(chunk_bytes):
+                    if progress is not None:
+                        progress(len(block))
+                    yield block
+
+        return self._call("PUT", f"/api/v2/storages/configs/{config}/files",
+                          params={"path": path, "overwrite": str(overwrite).lower()}, content=chunks(),
+                          headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)}).json()
+
+    def storage_download(self, config: str, path: str, dest: Path, *, progress: Any = None) -> int:
+        """Stream ``config:path`` into the local file ``dest`` (written beside it, then renamed);
+        ``progress(bytes, total)`` per chunk. Returns the bytes written. Raises what the API answers."""
+        url = self.api_urls[self._current] + f"/api/v2/storages/configs/{config}/files"
+        part = dest.with_name(dest.name + ".part")
+        written = 0
+        try:
+            with self._http.stream("GET", url, params={"path": path}) as r:
+                if r.status_code >= 400:
+                    raise error_from_response(r.status_code, r.read())
+                total = int(r.headers.get("Content-Length", "0") or 0)
+                with part.open("wb") as f:
+                    for block in r.iter_bytes():
+                        f.write(block)
+                        written += len(block)
+                        if progress is not None:
+                            progress(len(block), total)
+            part.replace(dest)
+        except httpx.TransportError as e:
+            raise UnavailableError(f"Apiary API at {url}: {self._why(e)}") from e
+        finally:
+            part.unlink(missing_ok=True)
+        return written
+
+    def storage_remove(self, config: str, path: str, recursive: bool = False) -> None:
+        self._call("DELETE", f"/api/v2/storages/configs/{config}/files",
+                   params={"path": path, "recursive": str(recursive).lower()})
+
     # ------------------------------------------------------------------ joining nodes
     def create_bootstrap_token(self, ttl_s: float = 3600.0, node: str | None = None, description: str = "") -> dict:
         """A bootstrap token that joins one node (``node``; None: any node not joined yet) for

@@ -100,6 +100,13 @@ class NoVirtualClusterError(NotFoundError):
     code = "NoVirtualClusterError"
 
 
+class NoStorageError(NotFoundError):
+    """No storage server or config of that name, or a file or directory that is not in a config
+    (OpenPAI's ``NoStorageError``). HTTP 404."""
+
+    code = "NoStorageError"
+
+
 class ConflictUserError(ConflictError):
     """A user or group of that name exists already (OpenPAI's ``ConflictUserError``). HTTP 409."""
 

@@ -94,6 +94,9 @@ class Settings(BaseSettings):
     )
     metrics_public: bool = Field(default=True, description="Serve /metrics without a token (Prometheus scrapes it).")
     max_body_bytes: int = Field(default=1_048_576, description="Largest request body the API reads; larger is 413.")
+    storage_max_upload_bytes: int = Field(
+        default=10 * 1024**3, ge=0,
+        description="Largest file a storage upload (PUT /api/v2/storages/configs/<name>/files) takes; larger is 413.")
     max_instances: int = Field(default=1000, description="Most task instances one job may have (all roles).")
     rate_calls: str = Field(default="600/minute", description="API calls per user (limits notation; OpenPAI's).")
     rate_submits: str = Field(default="3600/hour", description="Job submissions per user (limits notation).")

@@ -42,6 +42,7 @@ from apiary import gcpolicy, gilpolicy
 from apiary.api import create_app
 from apiary.api.replica import ReplicaRouter
 from apiary.auth import Directory, bootstrap
+from apiary.auth.bootstrap import DEFAULT_GROUP
 from apiary.ci.intake import WebhookIntake
 from apiary.ci.starter import PrefectStarter
 from apiary.client import http_verify
@@ -52,6 +53,7 @@ from apiary.control.loop import SchedulingLoop
 from apiary.control.plane import ControlPlane
 from apiary.drills.board import DrillBoard
 from apiary.errors import ValidationError
+from apiary.mounts.table import MountTable
 from apiary.ops.alertlog import AlertLog
 from apiary.ops.alerts import ActionsConfig, AlertReceiver
 from apiary.pki import server_ssl_kwargs
@@ -59,6 +61,8 @@ from apiary.response import runtime as response
 from apiary.response.escalator import EscalationWorker
 from apiary.response.service import IncidentService
 from apiary.settings import Settings, ensure_cluster_id
+from apiary.storage.files import StorageFiles
+from apiary.storage.service import MountPlanner, StorageService
 from apiary.store import make_engine, migrate, session_factory
 from apiary.store.fencing import CONTROL_PLANE_LEASE, Fence, bound_idle_transactions, install_fence
 
@@ -116,6 +120,9 @@ class Wiring:
     #: The election (None: one replica, SQLite or ``leader_elect=False``) and the fence of its writes.
     elector: LeaderElector | None = None
     fence: Fence | None = None
+    #: Storage servers and configs, and their files as the control plane serves them.
+    storage: StorageService | None = None
+    storage_files: StorageFiles | None = None
     _working: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> None:
@@ -216,10 +223,16 @@ def wire(settings: Settings, *, public_url: str, plane: ControlPlane | None = No
                                           public_url=settings.public_url or public_url,
                                           prometheus_url=settings.prometheus_url, ca_cert=settings.ca_cert)
     loop = SchedulingLoop(plane, tick_s=settings.tick_s, min_interval_s=settings.cycle_min_interval_s)
+    storage = StorageService(plane.sessions)
+    plane.agents.plan_mounts = MountPlanner(storage, directory.storage_grants).plan
+    if settings.node_credentials == "home":
+        bootstrap_home_storage(storage, directory, home)
+    files = StorageFiles(storage, MountTable(home / "storage-mounts"),
+                         max_upload_bytes=settings.storage_max_upload_bytes)
     w = Wiring(settings, plane, cluster_id, directory, alert_log, receiver, ci,
                DrillBoard(home / "drills.json"), incidents, escalator, loop,
                identity=settings.replica_id or default_identity(home),
-               url=(settings.advertise_url or public_url).rstrip("/"))
+               url=(settings.advertise_url or public_url).rstrip("/"), storage=storage, storage_files=files)
     if elect:
         engine: Engine = plane.sessions.kw["bind"]
         # The election's own commits go through sessions without the fence (they change the lease it checks).
@@ -238,11 +251,33 @@ def wire(settings: Settings, *, public_url: str, plane: ControlPlane | None = No
     return w
 
 
+#: The storage ``apiary up`` gives a one-machine platform: a ``local`` server over
+#: ``home/storage/home`` and a config ``home`` mounting it at ``/mnt/home`` (read-write), granted to
+#: the default group. Not a default config: a job mounts it when it names it.
+HOME_STORAGE = "home"
+HOME_MOUNT_POINT = "/mnt/home"
+
+
+def bootstrap_home_storage(storage: StorageService, directory: Directory, home: Path) -> None:
+    """Create :data:`HOME_STORAGE` (server, config, grant) once per home: ``home/storage/.bootstrapped``
+    records that it was done, so an admin who deletes or changes it is not overridden at the next start."""
+    marker = home / "storage" / ".bootstrapped"
+    if marker.exists():
+        return
+    root = home / "storage" / HOME_STORAGE
+    root.mkdir(parents=True, exist_ok=True)
+    storage.put_server(HOME_STORAGE, "local", {"rootPath": str(root)})
+    storage.put_config(HOME_STORAGE, default=False, mount_infos=[
+        {"mountPoint": HOME_MOUNT_POINT, "server": HOME_STORAGE, "path": "", "permission": "rw"}])
+    directory.set_storage_grant(DEFAULT_GROUP, HOME_STORAGE, True)
+    marker.touch()
+
+
 def app_of(w: Wiring) -> FastAPI:
     """The REST API over ``w``'s parts, every one passed explicitly, behind the replica middleware
     (:class:`~apiary.api.replica.ReplicaRouter`, outermost: a follower forwards to the leader)."""
     app = create_app(w.plane, w.receiver, cluster_id=w.cluster_id, directory=w.directory, settings=w.settings,
-                     drills=w.drills, ci=w.ci, incidents=w.incidents)
+                     drills=w.drills, ci=w.ci, incidents=w.incidents, storage=w.storage, storage_files=w.storage_files)
     app.add_middleware(ReplicaRouter, role=w.role, verify=http_verify(w.settings.ca_cert))
     return app
 

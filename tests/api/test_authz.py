@@ -30,10 +30,13 @@ from apiary.api import create_app
 from apiary.api.access import ACCESS, FLOW_RUN, HIDDEN, ON_BEHALF, Access
 from apiary.auth import Directory
 from apiary.control import ControlPlane
+from apiary.mounts.table import MountTable
 from apiary.ops.alerts import ActionsConfig, AlertReceiver
 from apiary.response.config import ResponseConfig
 from apiary.settings import Settings
 from apiary.spec.cluster import load_cluster_config
+from apiary.storage.files import StorageFiles
+from apiary.storage.service import StorageService
 from apiary.store import make_engine, migrate, session_factory
 
 CONFIG = LAB6 / "hived-config-two-vcs.yaml"
@@ -73,7 +76,18 @@ class World:
             "alertmanager": bearer(p.service("alertmanager")),
             "bridge": bearer(p.service("bridge")),
         }
-        self.client = TestClient(create_app(self.plane, AlertReceiver(self.plane, ActionsConfig(), notifiers={})))
+        # Storage: a local server and config "team" granted to group default (alice and eve), with a file.
+        self.storage_root = tmp / "storage"
+        (self.storage_root / "team").mkdir(parents=True)
+        (self.storage_root / "team" / "seed.txt").write_text("seed\n")
+        storage = StorageService(self.plane.sessions)
+        storage.put_server("local1", "local", {"rootPath": str(self.storage_root)})
+        storage.put_config("team", default=False, mount_infos=[{"mountPoint": "/mnt/team", "server": "local1",
+                                                                "path": "team"}])
+        directory.set_storage_grant("default", "team")
+        files = StorageFiles(storage, MountTable(tmp / "mounts"), max_upload_bytes=1 << 20)
+        self.client = TestClient(create_app(self.plane, AlertReceiver(self.plane, ActionsConfig(), notifiers={}),
+                                            storage=storage, storage_files=files))
         self.client.__enter__()
         c, h = self.client, self.headers
         for node in (CAROL, DAN):
@@ -141,6 +155,7 @@ ONCALL = {"schedules": [{"name": "primary", "layers": [
     {"name": "all", "users": ["eve"], "rotation": "weekly", "start": "2026-01-05T09:00:00+00:00",
      "time_zone": "UTC"}]}]}
 USER_VCS = {"alice": {"default"}, "eve": {"default"}, "bob": {"vc1"}}
+USER_STORAGE = {"alice": {"team"}, "eve": {"team"}}
 
 
 @dataclass
@@ -153,6 +168,7 @@ class Target:
     vc: str | None = None
     user: str | None = None
     node: str | None = None
+    storage: str | None = None
 
 
 def _run(n: int) -> str:
@@ -186,6 +202,30 @@ def _fresh_group(w: World, _who: str) -> str:
     name = f"g{next(_seq)}"
     w.client.post("/api/v2/groups", json={"groupname": name}, headers=w.headers["admin"]).raise_for_status()
     return name
+
+
+def _fresh_server(w: World) -> str:
+    name = f"s{next(_seq)}"
+    w.client.put(f"/api/v2/storages/servers/{name}", json={"type": "local", "data": {"rootPath": str(w.storage_root)}},
+                 headers=w.headers["admin"]).raise_for_status()
+    return name
+
+
+def _fresh_config(w: World) -> str:
+    name = f"c{next(_seq)}"
+    w.client.put(f"/api/v2/storages/configs/{name}", json={"mountInfos": [
+        {"mountPoint": "/mnt/x", "server": "local1", "path": "team"}]}, headers=w.headers["admin"]).raise_for_status()
+    return name
+
+
+def _fresh_file(w: World) -> str:
+    name = f"f{next(_seq)}"
+    w.client.put("/api/v2/storages/configs/team/files", params={"path": name}, content=b"x",
+                 headers=w.headers["admin"]).raise_for_status()
+    return name
+
+
+_S = "/api/v2/storages"
 
 
 def _alices_token(w: World) -> str:
@@ -253,6 +293,25 @@ REQUESTS: dict[tuple[str, str], Make] = {
         f"/api/v2/groups/{_fresh_group(w, who)}/virtualClusters/vc1"),
     ("DELETE", "/api/v2/groups/{name}/virtualClusters/{vc}"): lambda w, who: Target(
         f"/api/v2/groups/{_fresh_group(w, who)}/virtualClusters/vc1"),
+    ("PUT", "/api/v2/groups/{name}/storageConfigs/{config}"): lambda w, who: Target(
+        f"/api/v2/groups/{_fresh_group(w, who)}/storageConfigs/team"),
+    ("DELETE", "/api/v2/groups/{name}/storageConfigs/{config}"): lambda w, who: Target(
+        f"/api/v2/groups/{_fresh_group(w, who)}/storageConfigs/team"),
+    ("GET", _S + "/servers/{name}"): lambda w, who: Target(f"{_S}/servers/local1"),
+    ("PUT", _S + "/servers/{name}"): lambda w, who: Target(f"{_S}/servers/s{next(_seq)}", {"json": {
+        "type": "local", "data": {"rootPath": str(w.storage_root)}}}),
+    ("DELETE", _S + "/servers/{name}"): lambda w, who: Target(f"{_S}/servers/{_fresh_server(w)}"),
+    ("GET", _S + "/configs/{name}"): lambda w, who: Target(f"{_S}/configs/team", storage="team"),
+    ("PUT", _S + "/configs/{name}"): lambda w, who: Target(f"{_S}/configs/c{next(_seq)}", {"json": {
+        "mountInfos": [{"mountPoint": "/mnt/x", "server": "local1"}]}}),
+    ("DELETE", _S + "/configs/{name}"): lambda w, who: Target(f"{_S}/configs/{_fresh_config(w)}"),
+    ("GET", _S + "/configs/{name}/list"): lambda w, who: Target(f"{_S}/configs/team/list", storage="team"),
+    ("GET", _S + "/configs/{name}/files"): lambda w, who: Target(f"{_S}/configs/team/files", {
+        "params": {"path": "seed.txt"}}, storage="team"),
+    ("PUT", _S + "/configs/{name}/files"): lambda w, who: Target(f"{_S}/configs/team/files", {
+        "params": {"path": f"up{next(_seq)}"}, "content": b"x"}, storage="team"),
+    ("DELETE", _S + "/configs/{name}/files"): lambda w, who: Target(f"{_S}/configs/team/files", {
+        "params": {"path": _fresh_file(w)}}, storage="team"),
     ("POST", "/api/v2/tokens"): lambda w, who: Target("/api/v2/tokens", {"json": {}}),
     ("DELETE", "/api/v2/tokens/{token_id}"): lambda w, who: Target(f"/api/v2/tokens/{_alices_token(w)}", owner="alice"),
     ("POST", "/api/v2/bootstrap-tokens"): lambda w, who: Target("/api/v2/bootstrap-tokens", {"json": {}}),
@@ -332,6 +391,7 @@ def roles(who: str, t: Target) -> set[str]:
     out = {"token", "user"} | ({"admin"} if who == "admin" else set())
     out |= {"owner"} if t.owner == name else set()
     out |= {"vc"} if t.vc is not None and (who == "admin" or t.vc in USER_VCS.get(who, set())) else set()
+    out |= {"storage"} if t.storage is not None and t.storage in USER_STORAGE.get(who, set()) else set()
     out |= {"self"} if t.user == name else set()
     out |= {"oncall"} if who == "eve" else set()
     return out

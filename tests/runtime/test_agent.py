@@ -197,3 +197,33 @@ def test_an_older_control_plane_that_ignores_output_in_reports_still_gets_it(tmp
     asyncio.run(agent._report_once())
     assert [kind for kind, _ in calls] == ["logs", "status"] and calls[0][1] == b"two\n"
     assert "logs" not in calls[1][1]
+
+
+def test_storage_that_cannot_be_mounted_fails_the_run_as_the_platforms_with_the_reason(tmp_path):
+    """A launch whose storage cannot be mounted (the control plane's ``mountError``, or a server that
+    refuses) is reported exited with EXIT_MOUNT_FAILED (-1006, a platform failure the lifecycle
+    retries) and the reason as the run's stderr; nothing was started."""
+    import asyncio
+    import base64
+
+    from apiary.lifecycle import EXIT_MOUNT_FAILED, classify_exit
+    from apiary.runtime.storage import TaskMounts
+
+    agent, calls = _agent_over_a_recorder(tmp_path / "a")
+    agent.mounts = TaskMounts(tmp_path / "mounts", timeout_s=5)
+    gone = assignment("alice~j.a0.train.0.t5", "RUN")
+    gone["launch"]["mountError"] = "storage of job alice~j cannot be mounted: Storage config share no longer exists."
+    down = assignment("alice~j.a0.train.0.t6", "RUN")
+    down["launch"]["mounts"] = [{"config": "share", "server": {"name": "nfs1", "type": "nfs", "data": {
+        "address": "198.18.255.254", "rootPath": "/export"}}, "path": "", "mountPoint": "/mnt/s", "readOnly": False}]
+    agent._reconcile([gone, down])
+    assert agent.backend.list() == []
+    for run in ("alice~j.a0.train.0.t5", "alice~j.a0.train.0.t6"):
+        assert agent._failed[run].exit_code == EXIT_MOUNT_FAILED
+    assert classify_exit(EXIT_MOUNT_FAILED).type == "PLATFORM_FAILURE"
+    asyncio.run(agent._report_once())
+    body = calls[0][1]
+    logs = {c["runId"]: base64.b64decode(c["data"]).decode() for c in body["logs"] if c["stream"] == "stderr"}
+    assert "no longer exists" in logs["alice~j.a0.train.0.t5"]
+    assert "nfs1" in logs["alice~j.a0.train.0.t6"]
+    assert agent.mounts.table.holders() == set()

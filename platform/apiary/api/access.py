@@ -20,6 +20,7 @@ Principals (:data:`Who`), each as the README's table describes them:
                a user an incident names (or who opened it)
 ``vc``         a user whose groups grant the virtual cluster: the job's (to see it) or the
                submitted spec's (to submit)
+``storage``    a user whose groups grant the storage config named in the path
 ``self``       the user named in the path
 ``oncall``     a user on call now (a schedule's on-call, or a user an escalation tier pages)
 ``agent``      the agent of the node named in the path (its own node only)
@@ -37,12 +38,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Who = Literal["anyone", "token", "user", "admin", "owner", "vc", "self", "oncall", "agent", "bridge",
+Who = Literal["anyone", "token", "user", "admin", "owner", "vc", "storage", "self", "oncall", "agent", "bridge",
               "alertmanager", "signed", "bootstrap"]
 
 #: Every principal the table may name, in the README's order.
-WHO: tuple[Who, ...] = ("anyone", "token", "user", "admin", "owner", "vc", "self", "oncall", "agent", "bridge",
-                        "alertmanager", "signed", "bootstrap")
+WHO: tuple[Who, ...] = ("anyone", "token", "user", "admin", "owner", "vc", "storage", "self", "oncall", "agent",
+                        "bridge", "alertmanager", "signed", "bootstrap")
 
 ON_BEHALF = "X-Apiary-On-Behalf-Of"
 FLOW_RUN = "X-Apiary-Flow-Run-Id"
@@ -141,6 +142,23 @@ ACCESS: dict[tuple[str, str], Access] = {
     ("DELETE", "/api/v2/groups/{name}/members/{user}"): _a("admin", note="never the last admin (409)"),
     ("PUT", "/api/v2/groups/{name}/virtualClusters/{vc}"): _a("admin"),
     ("DELETE", "/api/v2/groups/{name}/virtualClusters/{vc}"): _a("admin"),
+    ("PUT", "/api/v2/groups/{name}/storageConfigs/{config}"): _a("admin"),
+    ("DELETE", "/api/v2/groups/{name}/storageConfigs/{config}"): _a("admin"),
+    # storage
+    ("GET", "/api/v2/storages/servers"): _a("admin"),
+    ("GET", "/api/v2/storages/servers/{name}"): _a("admin"),
+    ("PUT", "/api/v2/storages/servers/{name}"): _a("admin"),
+    ("DELETE", "/api/v2/storages/servers/{name}"): _a("admin", note="no config may use it (409)"),
+    ("GET", "/api/v2/storages/configs"): _a("user", note="users see the configs their groups grant"),
+    ("GET", "/api/v2/storages/configs/{name}"): _a("admin", "storage"),
+    ("PUT", "/api/v2/storages/configs/{name}"): _a("admin"),
+    ("DELETE", "/api/v2/storages/configs/{name}"): _a("admin", note="no group may hold it (409)"),
+    ("GET", "/api/v2/storages/configs/{name}/list"): _a("admin", "storage"),
+    ("GET", "/api/v2/storages/configs/{name}/files"): _a("admin", "storage"),
+    ("PUT", "/api/v2/storages/configs/{name}/files"): _a("admin", "storage",
+                                                          note="a read-only mount info: admins only (403)"),
+    ("DELETE", "/api/v2/storages/configs/{name}/files"): _a("admin", "storage",
+                                                             note="a read-only mount info: admins only (403)"),
     ("GET", "/api/v2/tokens"): _a("user", "bridge", note="users list their own"),
     ("POST", "/api/v2/tokens"): _a(
         "user", only={"machine-or-other-or-unexpiring": frozenset({"admin"})},

@@ -75,6 +75,8 @@ from apiary.response.reports import metrics_snapshot
 from apiary.response.service import IncidentService
 from apiary.response.store import IncidentStore
 from apiary.settings import Settings
+from apiary.storage.files import StorageFiles
+from apiary.storage.service import MountPlanner, StorageService
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +85,8 @@ def create_app(
     plane: ControlPlane, receiver: AlertReceiver | None = None, *, cluster_id: str | None = None,
     directory: Directory | None = None, settings: Settings | None = None, drills: DrillBoard | None = None,
     ci: WebhookIntake | None = None, incidents: IncidentService | None = None, link_secret: str | None = None,
-    bootstrap_tokens: BootstrapTokens | None = None,
+    bootstrap_tokens: BootstrapTokens | None = None, storage: StorageService | None = None,
+    storage_files: StorageFiles | None = None,
 ) -> FastAPI:
     """The app over ``plane``; ``receiver`` handles Alertmanager's webhook (default: the
     packaged actions config, or ``APIARY_ALERT_ACTIONS``); ``cluster_id`` is the platform's identity
@@ -95,7 +98,9 @@ def create_app(
     ``APIARY_GITHUB_WEBHOOK_SECRET``); ``incidents`` is incident response (default: a service over
     the plane's store with no escalation worker, whose signed links use ``link_secret``; without one
     its link routes answer 403); ``bootstrap_tokens`` are the tokens nodes join with (default: over
-    the plane's store, issuing agent tokens through ``directory``). The control-plane process
+    the plane's store, issuing agent tokens through ``directory``); ``storage`` the storage servers
+    and configs (default: over the plane's store) and ``storage_files`` their files (default: none,
+    the files routes answer 503). The control-plane process
     passes every piece (:func:`apiary.wiring.app_of`); the defaults serve in-process apps (tests, tools)."""
     settings = settings or Settings()
     if receiver is None:
@@ -118,6 +123,10 @@ def create_app(
     app.state.directory = directory
     app.state.settings = settings
     app.state.cluster_id = cluster_id
+    app.state.storage = storage = storage or StorageService(plane.sessions)
+    app.state.storage_files = storage_files
+    if plane.agents.plan_mounts is None:  # an in-process app: tasks mount what the directory grants
+        plane.agents.plan_mounts = MountPlanner(storage, directory.storage_grants).plan
     app.state.bootstrap_tokens = bootstrap_tokens or BootstrapTokens(plane.sessions, directory)
     app.state.drills = drills = drills if drills is not None else DrillBoard()
     app.state.ci = ci or WebhookIntake(
@@ -134,7 +143,8 @@ def create_app(
     # before they are answered.
     app.add_middleware(HeartbeatFastPath)
     app.add_middleware(SubmitFastPath)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,
+                       upload_max_bytes=settings.storage_max_upload_bytes)
 
     @app.exception_handler(ApiaryError)
     async def _apiary_error(_request: Request, exc: ApiaryError) -> JSONResponse:

@@ -63,6 +63,13 @@ async def require_people(caller: Caller) -> Principal:
     return caller
 
 
+async def require_user(caller: Caller) -> Principal:
+    """Users and admins (a personal token): no agent and no service."""
+    if caller.kind != "user":
+        raise ForbiddenError(f"Only users may do this; you are {caller.describe()}.")
+    return caller
+
+
 async def require_admin_or_bridge(caller: Caller) -> Principal:
     if not (caller.admin or caller.is_bridge):
         raise ForbiddenError(f"Only admins and the Prefect bridge may do this; you are {caller.describe()}.")
@@ -110,6 +117,7 @@ async def submitter(
 
 Admin = Annotated[Principal, Depends(require_admin)]
 People = Annotated[Principal, Depends(require_people)]
+Users = Annotated[Principal, Depends(require_user)]
 AdminOrBridge = Annotated[Principal, Depends(require_admin_or_bridge)]
 NodeAgent = Annotated[Principal, Depends(node_agent)]
 Submitter = Annotated[Principal, Depends(submitter)]

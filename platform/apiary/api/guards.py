@@ -83,6 +83,10 @@ class _BodyState:
         self.app_started = False  # the app sent http.response.start before the body went over
 
 
+#: Where the storage file routes live (their uploads have a limit of their own).
+UPLOAD_PREFIX = "/api/v2/storages/configs/"
+
+
 class BodyLimitMiddleware:
     """Pure ASGI middleware: request bodies over ``max_bytes`` are answered 413.
 
@@ -101,25 +105,37 @@ class BodyLimitMiddleware:
     through untouched. Raises ValueError for a negative ``max_bytes``.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
-        if max_bytes < 0:
-            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+    def __init__(self, app: ASGIApp, max_bytes: int = DEFAULT_MAX_BODY_BYTES, *,
+                 upload_max_bytes: int | None = None) -> None:
+        if max_bytes < 0 or (upload_max_bytes is not None and upload_max_bytes < 0):
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}, {upload_max_bytes}")
         self.app = app
         self.max_bytes = max_bytes
+        self.upload_max_bytes = max_bytes if upload_max_bytes is None else upload_max_bytes
+
+    def limit(self, scope: Scope) -> int:
+        """The limit of this request: ``upload_max_bytes`` for a storage file upload (``PUT
+        /api/v2/storages/configs/<name>/files``, whose route streams the body to disk), else
+        ``max_bytes``."""
+        path = scope.get("path", "")
+        if scope.get("method") == "PUT" and path.startswith(UPLOAD_PREFIX) and path.endswith("/files"):
+            return self.upload_max_bytes
+        return self.max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_bytes = self.limit(scope)
         try:
             declared = _content_length(scope["headers"])
         except ValidationError as exc:
             await _answer(exc, scope, receive, send)
             return
-        if declared is not None and declared > self.max_bytes:
+        if declared is not None and declared > max_bytes:
             logger.info("body too large: declared_bytes=%d limit_bytes=%d path=%s",
-                        declared, self.max_bytes, scope.get("path", ""))
-            await _answer(PayloadTooLargeError(self.max_bytes), scope, receive, send)
+                        declared, max_bytes, scope.get("path", ""))
+            await _answer(PayloadTooLargeError(max_bytes), scope, receive, send)
             return
 
         state = _BodyState()
@@ -128,9 +144,9 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 state.received += len(message.get("body", b""))
-                if state.received > self.max_bytes:
+                if state.received > max_bytes:
                     state.exceeded = True
-                    raise PayloadTooLargeError(self.max_bytes)
+                    raise PayloadTooLargeError(max_bytes)
             return message
 
         async def guarded_send(message: Message) -> None:
@@ -150,8 +166,8 @@ class BodyLimitMiddleware:
             logger.debug("app failed on a body over the limit", exc_info=True)
         if state.exceeded and not state.app_started:
             logger.info("body too large: received_bytes>=%d limit_bytes=%d path=%s",
-                        state.received, self.max_bytes, scope.get("path", ""))
-            await _answer(PayloadTooLargeError(self.max_bytes), scope, receive, send)
+                        state.received, max_bytes, scope.get("path", ""))
+            await _answer(PayloadTooLargeError(max_bytes), scope, receive, send)
 
 
 async def _answer(exc: ApiaryError, scope: Scope, receive: Receive, send: Send) -> None:

@@ -444,6 +444,22 @@ class Fault(BaseModel):
     clear: bool | None = None
 
 
+class PlannedServer(BaseModel):
+    name: str
+    type: str
+    data: dict[str, Any]
+
+
+class PlannedMount(BaseModel):
+    """One storage mount of a task (:meth:`apiary.storage.service.StorageService.plan`)."""
+
+    config: str
+    server: PlannedServer
+    path: str = Field(description="Relative to the server's root; '' the root itself.")
+    mountPoint: str
+    readOnly: bool
+
+
 class TaskLaunch(BaseModel):
     """Everything the agent needs to start the run (``apiary.runtime.TaskLaunch``'s fields)."""
 
@@ -465,6 +481,12 @@ class TaskLaunch(BaseModel):
         default=None, description="Registry credentials of the dockerImage prerequisite (secrets resolved).")
     ports: dict[str, int] = Field(default={}, description="resourcePerInstance.ports: label -> count.")
     probes: dict = Field(default={}, description="The role's probes (as in the assignment's probes).")
+    mounts: list[PlannedMount] | None = Field(
+        default=None, description="The task's storage (absent: none): each server's connection data with its "
+                                  "secrets, for the node that runs the task only.")
+    mountError: str | None = Field(default=None, description="Why the task's storage cannot be mounted now (a "
+                                                             "config deleted or a grant revoked since submission): "
+                                                             "the node fails the run with it.")
 
 
 class TaskLabels(BaseModel):

@@ -43,7 +43,7 @@ from apiary.errors import (
     UnauthorizedError,
     ValidationError,
 )
-from apiary.store.models import Group, GroupGrant, GroupMember, Token, User
+from apiary.store.models import Group, GroupGrant, GroupMember, GroupStorageGrant, Token, User
 from apiary.store.unit import Sessions, UnitOfWork, reading
 
 logger = logging.getLogger(__name__)
@@ -201,8 +201,10 @@ class Directory:
         names = frozenset(g.name for g in groups)
         vcs = frozenset(s.scalars(select(GroupGrant.virtual_cluster).where(GroupGrant.group.in_(names)))) \
             if names else frozenset()
+        storage = frozenset(s.scalars(select(GroupStorageGrant.config).where(GroupStorageGrant.group.in_(names)))) \
+            if names else frozenset()
         return Principal(kind="user", name=name, token_id=token_id, admin=any(g.admin for g in groups),
-                         groups=names, virtual_clusters=vcs, expires=expires)
+                         groups=names, virtual_clusters=vcs, expires=expires, storage_configs=storage)
 
     def user_principal(self, name: str) -> Principal:
         """The principal of user ``name`` acting through a service (the Prefect portal's submit).
@@ -211,6 +213,12 @@ class Directory:
             if s.get(User, name) is None:
                 raise NoUserError(f"User {name} not found.")
             return self._user_principal(s, name, token_id="", expires=None)
+
+    def storage_grants(self, name: str) -> tuple[bool, frozenset[str]]:
+        """``(admin, the storage configs user name's groups grant)``; NoUserError for no such user
+        (what :class:`apiary.storage.service.MountPlanner` asks when a task launches)."""
+        who = self.user_principal(name)
+        return who.admin, who.storage_configs
 
     def _users_changed(self) -> None:
         """After a commit that changed users, groups, memberships or grants: forget the cached user
@@ -228,7 +236,8 @@ class Directory:
     def _user_json(self, s: Session, u: User) -> dict:
         p = self._user_principal(s, u.name, "", None)
         return {"name": u.name, "email": u.email, "groups": sorted(p.groups),
-                "virtualClusters": sorted(p.virtual_clusters), "admin": p.admin}
+                "virtualClusters": sorted(p.virtual_clusters), "storageConfigs": sorted(p.storage_configs),
+                "admin": p.admin}
 
     def list_users(self) -> list[dict]:
         """``[{"name", "email", "groups", "virtualClusters", "admin"}]`` sorted by name."""
@@ -283,21 +292,26 @@ class Directory:
             uow.after_commit(self._users_changed)
 
     def list_groups(self, name: str | None = None) -> list[dict]:
-        """``[{"name", "admin", "description", "members", "virtualClusters"}]`` sorted by name
+        """``[{"name", "admin", "description", "members", "virtualClusters", "storageConfigs"}]`` sorted by name
         (only group ``name`` if given)."""
         with reading(self._sessions, "list groups") as s:
-            mq, gq, q = select(GroupMember), select(GroupGrant), select(Group)
+            mq, gq, sq, q = select(GroupMember), select(GroupGrant), select(GroupStorageGrant), select(Group)
             if name is not None:
                 mq, gq, q = mq.where(GroupMember.group == name), gq.where(GroupGrant.group == name), q.where(
                     Group.name == name)
+                sq = sq.where(GroupStorageGrant.group == name)
             members: dict[str, list[str]] = {}
             for m in s.scalars(mq.order_by(GroupMember.user)):
                 members.setdefault(m.group, []).append(m.user)
             grants: dict[str, list[str]] = {}
             for gr in s.scalars(gq.order_by(GroupGrant.virtual_cluster)):
                 grants.setdefault(gr.group, []).append(gr.virtual_cluster)
+            storage: dict[str, list[str]] = {}
+            for sg in s.scalars(sq.order_by(GroupStorageGrant.config)):
+                storage.setdefault(sg.group, []).append(sg.config)
             return [{"name": g.name, "admin": g.admin, "description": g.description,
-                     "members": members.get(g.name, []), "virtualClusters": grants.get(g.name, [])}
+                     "members": members.get(g.name, []), "virtualClusters": grants.get(g.name, []),
+                     "storageConfigs": storage.get(g.name, [])}
                     for g in s.scalars(q.order_by(Group.name))]
 
     def get_group(self, name: str) -> dict:
@@ -336,6 +350,7 @@ class Directory:
             _keep_an_admin(s, f"Deleting group {name}", without_group=name)
             s.execute(delete(GroupMember).where(GroupMember.group == name))
             s.execute(delete(GroupGrant).where(GroupGrant.group == name))
+            s.execute(delete(GroupStorageGrant).where(GroupStorageGrant.group == name))
             s.execute(delete(Group).where(Group.name == name))
             uow.after_commit(self._users_changed)
 
@@ -366,6 +381,21 @@ class Directory:
             row = s.get(GroupGrant, (group, virtual_cluster))
             if granted and row is None:
                 s.add(GroupGrant(group=group, virtual_cluster=virtual_cluster))
+            elif not granted and row is not None:
+                s.delete(row)
+            uow.after_commit(self._users_changed)
+        return self.get_group(group)
+
+    def set_storage_grant(self, group: str, config: str, granted: bool = True) -> dict:
+        """Grant ``group`` the use of storage config ``config`` (or take it back; the caller checks
+        the config exists). Idempotent. Raises NoGroupError."""
+        with UnitOfWork(self._sessions, "group storage grant") as uow:
+            s = uow.s
+            if s.get(Group, group) is None:
+                raise NoGroupError(f"Group {group} not found.")
+            row = s.get(GroupStorageGrant, (group, config))
+            if granted and row is None:
+                s.add(GroupStorageGrant(group=group, config=config))
             elif not granted and row is not None:
                 s.delete(row)
             uow.after_commit(self._users_changed)

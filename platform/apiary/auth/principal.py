@@ -48,6 +48,8 @@ class Principal:
     groups: frozenset[str] = field(default_factory=frozenset)
     virtual_clusters: frozenset[str] = field(default_factory=frozenset)
     expires: float | None = None
+    #: The storage configs a user's groups grant (admins may use every config whatever this says).
+    storage_configs: frozenset[str] = field(default_factory=frozenset)
 
     @property
     def is_bridge(self) -> bool:
@@ -63,6 +65,10 @@ class Principal:
     def can_use(self, virtual_cluster: str) -> bool:
         """May submit to ``virtual_cluster`` and see its jobs."""
         return self.admin or (self.kind == "user" and virtual_cluster in self.virtual_clusters)
+
+    def may_use_storage(self, config: str) -> bool:
+        """May mount storage config ``config`` into jobs and read and write its files."""
+        return self.admin or (self.kind == "user" and config in self.storage_configs)
 
     def sees_all_jobs(self) -> bool:
         return self.admin or self.is_bridge

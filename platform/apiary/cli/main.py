@@ -35,6 +35,7 @@ from apiary.cli.join import agent_join, bootstrap_token_app
 from apiary.cli.load import load_app
 from apiary.cli.rollout import add_rollout_commands
 from apiary.cli.sim import sim_app
+from apiary.cli.storage import storage_app
 from apiary.cli.tables import COMPACT, folded, print_rows, uncut, when, word
 from apiary.errors import ApiaryError, PortInUseError
 from apiary.procutil import use_private_umask
@@ -64,6 +65,7 @@ app.add_typer(incident_app, name="incident")
 app.add_typer(aiops_app, name="aiops")
 app.add_typer(hosts_app, name="hosts")
 app.add_typer(ca_app, name="ca")
+app.add_typer(storage_app, name="storage")
 app.command("hollow-nodes")(hollow_nodes)
 app.command("oncall")(oncall_command)
 add_identity_commands(app, lambda token=None: _client(token), lambda e: _fail(e))

@@ -13,8 +13,11 @@ from sqlalchemy import and_, select
 from apiary.control.cache import PlaneCache
 from apiary.control.node_service import ACTIVE_TASK_STATES
 from apiary.control.views import latest_tasks
+from apiary.errors import ApiaryError
 from apiary.runtime.env import build_task_env
 from apiary.runtime.probes import parse_probes, probes_to_wire
+from apiary.spec.job import JobSpec
+from apiary.spec.storage import StorageRequest
 from apiary.spec.templating import render
 from apiary.store.models import Job, Node, Placement, Task
 from apiary.store.unit import reading
@@ -26,6 +29,10 @@ class Assignments:
     def __init__(self, cache: PlaneCache, node_faults: Callable[[str], list[dict]]) -> None:
         self.cache = cache
         self.node_faults = node_faults
+        #: ``plan_mounts(user, requests) -> [mount]``: what a task mounts
+        #: (:meth:`apiary.storage.service.MountPlanner.plan`); None: no storage is wired, and a job
+        #: that names a config gets a launch that fails with the reason.
+        self.plan_mounts: Callable[[str, tuple[StorageRequest, ...] | None], list[dict]] | None = None
 
     def answer(self, node: str) -> dict:
         """The long poll's answer for ``node``: ``{"generation", "assignments", "faults"}``.
@@ -147,4 +154,20 @@ class Assignments:
             "image_auth": image_auth,
             "ports": dict(tr.resource_per_instance.ports or {}),
             "probes": probes_to_wire(*parse_probes(spec.extras, task.task_role)),
+            **self._mounts(job, spec),
         }
+
+    def _mounts(self, job: Job, spec: JobSpec) -> dict:
+        """``{"mounts": [...]}`` for the launch (none: ``{}``), or ``{"mountError": why}`` when the
+        job's storage cannot be planned now (a config deleted or a grant revoked since submission):
+        the node fails the run with that message (:data:`apiary.lifecycle.exitspec.EXIT_MOUNT_FAILED`)."""
+        requests = spec.storage_requests()
+        try:
+            if self.plan_mounts is None:
+                if requests:
+                    return {"mountError": "this control plane has no storage service wired"}
+                return {}
+            mounts = self.plan_mounts(job.user, requests)
+        except ApiaryError as exc:
+            return {"mountError": f"storage of job {job.id} cannot be mounted: {exc.message}"}
+        return {"mounts": mounts} if mounts else {}

@@ -71,6 +71,13 @@ EXIT_ATTEMPT_COMPLETED = -220
 #: may issue -1202 / -1204 where it can tell them apart; :func:`classify_exit` knows all three.
 EXIT_LAUNCH_FAILED = -1203
 
+#: -1006 "PodNodeAdmissionUnexpectedError" (PLATFORM_FAILURE, TRANSIENT, ALWAYS_RETRY): "Pod is rejected by
+#: the kubelet due to unexpected error". Apiary issues it when a node cannot mount a task's storage (the
+#: storage server is down or refuses): on Kubernetes such a pod never starts and the kubelet reports the
+#: volume's failure, the node's admission of the pod failing for a reason outside the job. It is the
+#: platform's failure, so the attempt is retried and the retry does not count against jobRetryCount.
+EXIT_MOUNT_FAILED = -1006
+
 #: -300 "PodFailedWithoutFailedContainer" (UNKNOWN_FAILURE, behavior UNKNOWN, RETRY_TO_MAX): "Pod failed
 #: but without any failed container, may be stopped by K8S". The spec has no liveness-probe entry. On
 #: Kubernetes the kubelet kills a container whose liveness probe fails, so OpenPAI would report 143

@@ -63,7 +63,7 @@ import httpx
 
 from apiary.client import check_token_transport
 from apiary.errors import UnavailableError, ValidationError
-from apiary.lifecycle import EXIT_LAUNCH_FAILED, EXIT_LIVENESS_FAILED, EXIT_NODE_LOST
+from apiary.lifecycle import EXIT_LAUNCH_FAILED, EXIT_LIVENESS_FAILED, EXIT_MOUNT_FAILED, EXIT_NODE_LOST
 from apiary.procutil import write_probe
 from apiary.runtime.base import RuntimeBackend, TaskLaunch, TaskStatus
 from apiary.runtime.beat import HeartbeatTimer
@@ -78,6 +78,7 @@ from apiary.runtime.link import (
     all_loopback,
 )
 from apiary.runtime.probes import ExecAction, Prober, monotonic_from_wall, probes_from_wire
+from apiary.runtime.storage import MountFailed, TaskMounts
 
 if TYPE_CHECKING:  # imported for real in run_agents: agents without metrics never load it
     from apiary.monitoring import NodeExporter
@@ -155,8 +156,15 @@ class NodeAgent:
         token: str | None = None,
         self_fence: bool | None = None,
         contact: ContactClock | None = None,
+        mounts: TaskMounts | None = None,
     ) -> None:
         self.node = node
+        #: The node's storage mounts for its tasks (None: this agent mounts no storage, and a run
+        #: that needs some fails with EXIT_MOUNT_FAILED).
+        self.mounts = mounts
+        # What the node has to say about a run it failed before it started (a mount that failed):
+        # sent once as the run's stderr.
+        self._notes: dict[str, bytes] = {}
         self.replicas = Replicas(api_url)
         for url in self.replicas.urls:
             check_token_transport(url, token)
@@ -413,6 +421,9 @@ class NodeAgent:
         except Exception as exc:
             logger.error("node=%s cannot list its runs: %s", self.node, describe_error(exc))
             listed = []
+        if self.mounts is not None:
+            # Mounts of runs that ended (or that an earlier agent process left) are released.
+            self.mounts.reconcile({st.run_id for st in listed if st.state == "running"})
         for st in listed:
             if st.state == "running" and st.run_id not in wanted:
                 logger.warning("node=%s run=%s not assigned here any more: stopping it", self.node, st.run_id)
@@ -428,12 +439,13 @@ class NodeAgent:
         error's type and message with the assignment's commands, environment values and registry
         credentials blanked out."""
         try:
-            spec = a["launch"]
+            spec = dict(a["launch"])
             env = self._env(spec["env"], spec.get("gpus"))
-            launch = TaskLaunch(**{**spec, "workdir": self.workdir, "env": env})
             if self.fenced:
                 logger.warning("node=%s run=%s launch deferred: the node is self-fenced", self.node, run_id)
                 return
+            spec["mounts"] = self._mount(run_id, spec)
+            launch = TaskLaunch(**{**spec, "workdir": self.workdir, "env": env})
             st = self.backend.launch(launch)
             if self.fenced:  # the node fenced itself while this launch ran: its run must not outlive the fence
                 self._fenced.add(run_id)
@@ -451,10 +463,15 @@ class NodeAgent:
                                self.node, run_id, problem, why)
                 return
             logger.error("node=%s run=%s launch failed: %s", self.node, run_id, why)
+            if self.mounts is not None:
+                self.mounts.release(run_id)
             now = time.time()
+            mount_failed = isinstance(exc, MountFailed)
+            if mount_failed:
+                self._notes[run_id] = f"apiary: {EXIT_MOUNT_FAILED} {why}\n".encode()
             self._failed[run_id] = TaskStatus(
-                run_id=run_id, state="exited", exit_code=EXIT_LAUNCH_FAILED, pid=None,
-                started_at=now, finished_at=now,
+                run_id=run_id, state="exited", exit_code=EXIT_MOUNT_FAILED if mount_failed else EXIT_LAUNCH_FAILED,
+                pid=None, started_at=now, finished_at=now,
             )
         else:
             if st.state == "running" and a.get("probes") and not self.backend.runs_probes:
@@ -462,6 +479,18 @@ class NodeAgent:
                     self._watch_probes(run_id, a["probes"], st, launch)
                 except Exception as exc:  # a malformed probe never fails the task itself
                     logger.error("node=%s run=%s probes not watched: %s", self.node, run_id, describe_error(exc))
+
+    def _mount(self, run_id: str, spec: dict) -> list[dict]:
+        """The run's storage as bind mounts (:class:`~apiary.runtime.storage.TaskMounts`), taking
+        ``mounts`` and ``mountError`` out of ``spec``; raises MountFailed."""
+        planned, error = spec.pop("mounts", None) or [], spec.pop("mountError", None)
+        if error:
+            raise MountFailed(str(error))
+        if not planned:
+            return []
+        if self.mounts is None:
+            raise MountFailed("this node agent mounts no storage (it was started without a mount table)")
+        return self.mounts.prepare(run_id, planned)
 
     def check_recording(self, max_age_s: float = RECORD_PROBE_S) -> str | None:
         """Why the backend cannot record runs now (:func:`recording_problem`), or None when it can.
@@ -640,6 +669,9 @@ class NodeAgent:
                 # The control plane has the exit: never launch this run again, drop local state.
                 self._tombstones.add(s.run_id)
                 self._failed.pop(s.run_id, None)
+                self._notes.pop(s.run_id, None)
+                if self.mounts is not None:
+                    await asyncio.to_thread(self.mounts.release, s.run_id)
                 self._fenced.discard(s.run_id)
                 self._labels.pop(s.run_id, None)
                 self._liveness_failed.pop(s.run_id, None)
@@ -678,6 +710,11 @@ class NodeAgent:
         rest: list[tuple[_StreamKey, int, int]] = []
         budget = MAX_INLINE_LOG_BYTES if self._inline else 0
         for s in statuses:
+            note = self._notes.get(s.run_id)
+            if note is not None and self._shipped.get((s.run_id, "stderr"), 0) == 0 and len(note) <= budget:
+                inline.append(((s.run_id, "stderr"), 0, note))
+                budget -= len(note)
+                continue
             for stream in _STREAMS:
                 path = self.backend.log_path(s.run_id, stream)
                 if path is None or not path.exists():
@@ -973,6 +1010,7 @@ async def run_agents(
                 gpus=gpus, simulated_gpus=simulated_gpus, workdir=workdir, token=(tokens or {}).get(name),
                 self_fence=self_fence,
                 contact=ContactClock(node_lost_after_s, record=state_dir / f"{name}.contact.json"),
+                mounts=TaskMounts(state_dir / f"{name}.mounts"),
             )
             for name, gpus in nodes.items()
         ]

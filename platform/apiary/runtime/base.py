@@ -54,6 +54,9 @@ class TaskLaunch:
     ``resourcePerInstance.ports`` (label -> count). ``probes``: the role's probes as
     :func:`apiary.spec.probes.probes_to_wire` gives them (``{}``: none); backends that run probes
     themselves (Kubernetes) use them, the others leave probing to the node agent.
+    ``mounts``: the task's storage as bind mounts, ``[{"source": <directory on this node>,
+    "target": <absolute path in the task>, "readOnly": bool}]`` (:mod:`apiary.runtime.storage`
+    mounted the servers); every backend makes ``source`` appear at ``target``, read-only when asked.
     """
 
     run_id: str
@@ -74,6 +77,7 @@ class TaskLaunch:
     image_auth: dict[str, str] | None = None
     ports: dict[str, int] = field(default_factory=dict)
     probes: dict = field(default_factory=dict)
+    mounts: list[dict] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -245,6 +245,9 @@ class DockerBackend(RuntimeBackend):
             "detach": True,
             "volumes": {str(run_dir): {"bind": RUN_MOUNT, "mode": "rw"}},
         }
+        if task.mounts:  # the task's storage (apiary.runtime.storage): bind mounts, ro where asked
+            args["mounts"] = [docker.types.Mount(m["target"], m["source"], type="bind", read_only=bool(m["readOnly"]))
+                              for m in task.mounts]
         if task.cpu:
             args["nano_cpus"] = int(task.cpu * 1e9)
         if task.memory_mb:

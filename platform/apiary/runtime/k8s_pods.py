@@ -264,7 +264,14 @@ def build_pod(task: TaskLaunch, *, node: str, namespace: str, image: str, host_n
         ports=ports or None,
         liveness_probe=k8s_probe(liveness, env, host_network) if liveness else None,
         readiness_probe=k8s_probe(readiness, env, host_network) if readiness else None,
+        volume_mounts=[k8s.V1VolumeMount(name=f"storage-{i}", mount_path=m["target"], read_only=bool(m["readOnly"]))
+                       for i, m in enumerate(task.mounts)] or None,
     )
+    # The task's storage: the node agent mounted each server on the node (apiary.runtime.storage),
+    # so the pod takes its directory as a hostPath volume (the agent runs on the pod's node).
+    volumes = [k8s.V1Volume(name=f"storage-{i}", host_path=k8s.V1HostPathVolumeSource(path=m["source"],
+                                                                                     type="Directory"))
+               for i, m in enumerate(task.mounts)]
     annotations = {
         ANNOTATION_RUN_ID: task.run_id,
         ANNOTATION_JOB_ID: task.job_id,
@@ -279,6 +286,7 @@ def build_pod(task: TaskLaunch, *, node: str, namespace: str, image: str, host_n
         dns_policy="ClusterFirstWithHostNet" if host_network else None,
         enable_service_links=False,
         image_pull_secrets=[k8s.V1LocalObjectReference(name=name)] if task.image_auth else None,
+        volumes=volumes or None,
     )
     meta = k8s.V1ObjectMeta(name=name, namespace=namespace, labels=pod_labels(task, node), annotations=annotations)
     return k8s.V1Pod(api_version="v1", kind="Pod", metadata=meta, spec=spec)

@@ -153,6 +153,24 @@ exit "$rc"
 
 _SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
 
+# A task's storage (TaskLaunch.mounts): the wrapper runs the uid switch under
+# ``unshare --mount --propagation private``, and this script (root, in the task's new mount
+# namespace) binds each source at its target, read-only where asked, then execs the rest of the
+# command line. The binds exist only in the task's namespace: nothing else on the node sees them,
+# and they go when its last process does. A missing target directory is created on the node's file
+# system (the namespace shares it); spec.storage keeps targets off the system's directories.
+# $1 the mounts record (NUL-separated "source" "target" "ro|rw" triples), then the command.
+_MOUNTS = r"""# Apiary task storage (generated; see apiary.runtime.process).
+set -eu
+record="$1"; shift
+while IFS= read -r -d "" src && IFS= read -r -d "" dst && IFS= read -r -d "" mode; do
+  mkdir -p -- "$dst"
+  mount --bind -- "$src" "$dst"
+  if [ "$mode" = ro ]; then mount -o remount,bind,ro -- "$dst"; fi
+done <"$record"
+exec "$@"
+"""
+
 
 def _read_exit_code(path: Path) -> tuple[int, float] | None:
     """``(code, mtime)`` of an ``exit_code`` slot (or whole file), or ``None`` if absent, blank
@@ -368,6 +386,10 @@ class ProcessBackend(RuntimeBackend):
         script = "# Apiary task commands (generated).\nset -e\n" + "".join(f"{cmd}\n" for cmd in task.commands)
         _write_atomic(run_dir / "script.sh", script)
         _write_atomic(run_dir / "wrapper.sh", _WRAPPER)
+        if task.mounts:
+            _write_atomic(run_dir / "mounts.sh", _MOUNTS)
+            _write_private(run_dir / "mounts", b"".join(
+                f"{m['source']}\0{m['target']}\0{'ro' if m['readOnly'] else 'rw'}\0".encode() for m in task.mounts))
         if ident is not None:
             env = {**env, "HOME": str(ident.home), "TMPDIR": str(ident.home),
                    "USER": f"apiary-{ident.uid}", "LOGNAME": f"apiary-{ident.uid}"}
@@ -395,6 +417,8 @@ class ProcessBackend(RuntimeBackend):
             raise PlatformError(f"cannot write the launch record of {task.run_id}: {exc}") from exc
         cwd = task.workdir or (str(ident.home) if ident else os.getcwd())
         drop = ident.drop_argv(setpriv) if ident is not None and setpriv else []
+        if task.mounts:
+            drop = [*self._mount_argv(task, bash, run_dir), *drop]
         try:
             proc = subprocess.Popen(
                 [bash, str(run_dir / "wrapper.sh"), str(run_dir), str(script), bash, *drop],
@@ -439,6 +463,17 @@ class ProcessBackend(RuntimeBackend):
             started_at=started_at,
             finished_at=None,
         )
+
+    def _mount_argv(self, task: TaskLaunch, bash: str, run_dir: Path) -> builtins.list[str]:
+        """The prefix that gives the task its own mount namespace with its storage bound in
+        (``_MOUNTS``). Raises PlatformError where binding is impossible: the agent is not root, or
+        util-linux's unshare is missing."""
+        unshare = shutil.which("unshare", path=_DEFAULT_PATH)
+        if os.geteuid() != 0 or unshare is None:
+            raise PlatformError(f"cannot launch {task.run_id}: its storage is bound in a mount namespace of its "
+                                "own, which needs the agent to run as root with util-linux's unshare")
+        return [unshare, "--mount", "--propagation", "private", "--", bash, str(run_dir / "mounts.sh"),
+                str(run_dir / "mounts")]
 
     def _reap(self, run_id: str, proc: subprocess.Popen[bytes]) -> None:
         proc.wait()

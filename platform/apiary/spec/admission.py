@@ -62,10 +62,10 @@ MAX_RENDERED_BYTES = 1_048_576
 #: Where an OpenPAI job lists its runtime plugins (rest-server and runtime: a list of
 #: ``{plugin: <name>, parameters: {...}}``, e.g. ``ssh``, ``teamwise_storage``, ``tensorboard``).
 RUNTIME_PLUGIN_KEY = "com.microsoft.pai.runtimeplugin"
-#: The runtime plugins Apiary implements: none. Its runtimes (process, Docker, Kubernetes) start
-#: the task's commands and nothing else; there is no SSH barrier, storage mount or TensorBoard
-#: sidecar, so a job that names a plugin would silently run without what it asked for.
-IMPLEMENTED_RUNTIME_PLUGINS: frozenset[str] = frozenset()
+#: The runtime plugins Apiary implements: ``teamwise_storage`` (its storage configs are mounted
+#: into every task: :mod:`apiary.spec.storage`). Any other (``ssh``, ``tensorboard``) is refused: a
+#: job that names it would silently run without what it asked for.
+IMPLEMENTED_RUNTIME_PLUGINS: frozenset[str] = frozenset({"teamwise_storage"})
 
 _NUL_REASON = ("contains a NUL character (\\x00), which no string of a job may hold "
                "(no command line, environment variable or file name can carry one)")

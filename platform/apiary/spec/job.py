@@ -35,6 +35,7 @@ from pydantic_core import PydanticCustomError
 from apiary.errors import ValidationError
 from apiary.spec import admission, safeyaml
 from apiary.spec.probes import validate_probes
+from apiary.spec.storage import StorageRequest, storage_requests
 from apiary.spec.suggest import did_you_mean, field_names_at
 from apiary.spec.templating import render, rendered_size
 
@@ -544,6 +545,11 @@ class JobSpec(_Model):
         """HiveD priority of :attr:`priority_class` per :data:`PRIORITY_CLASSES` (-1 = opportunistic)."""
         return PRIORITY_CLASSES[self.priority_class]
 
+    def storage_requests(self) -> tuple[StorageRequest, ...] | None:
+        """The storage configs the job names (:func:`apiary.spec.storage.storage_requests`): None
+        when it names none (its user's defaults apply). Raises ValidationError for a malformed one."""
+        return storage_requests(self.extras.model_extra if self.extras else None)
+
     @property
     def gang(self) -> bool:
         """``extras.gangAllocation``; True (gang scheduling) when unset."""
@@ -755,5 +761,6 @@ def parse_job(
         )
     if not stored:
         admission.check_runtime_plugins(spec.extras.model_extra if spec.extras else None)
+        spec.storage_requests()  # a malformed storage request is a 400 naming its field
         admission.check_rendered_sizes(spec)
     return spec

@@ -269,6 +269,43 @@ class GroupGrant(Base):
     virtual_cluster: Mapped[str] = mapped_column(String(100), primary_key=True)
 
 
+class GroupStorageGrant(Base):
+    """Group -> storage config: the group's members may mount ``config`` into their jobs and read
+    and write its files (OpenPAI's group ``extension.acls.storageConfigs``). The config's row is
+    :class:`StorageConfig`; a config that a group holds cannot be deleted (409)."""
+
+    __tablename__ = "group_storage_grants"
+
+    group: Mapped[str] = mapped_column(ForeignKey("groups.name", ondelete="CASCADE"), primary_key=True)
+    config: Mapped[str] = mapped_column(String(100), primary_key=True)
+
+
+class StorageServer(Base):
+    """A storage server (OpenPAI's storage server): ``type`` ``local`` / ``nfs`` / ``glusterfs`` /
+    ``sshfs`` and its connection ``data`` (camelCase keys as OpenPAI's; an ``sshfs`` server's
+    ``identity`` is a secret, never answered by the API). Times are unix seconds."""
+
+    __tablename__ = "storage_servers"
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    type: Mapped[str] = mapped_column(String(20))
+    data: Mapped[dict] = mapped_column(JSON)
+    created: Mapped[float] = mapped_column(Float)
+
+
+class StorageConfig(Base):
+    """A storage config (OpenPAI's): ``mount_infos`` is a list of ``{mountPoint, server, path,
+    permission}`` (``permission`` ``rw`` or ``ro``); ``default`` configs are mounted into every job
+    of a user granted them that names none."""
+
+    __tablename__ = "storage_configs"
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    default: Mapped[bool] = mapped_column(Boolean, default=False)
+    mount_infos: Mapped[list] = mapped_column(JSON)
+    created: Mapped[float] = mapped_column(Float)
+
+
 class Token(Base):
     """A bearer credential. Only a SHA-256 digest of its secret is stored (the token is shown
     once, when created). ``kind``: ``user`` (``subject`` is a user name), ``agent`` (a node name)

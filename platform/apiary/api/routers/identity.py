@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from apiary.api.auth import Admin, Caller, Dir, People
 from apiary.api.deps import Plane
 from apiary.api.guards import plain_text
+from apiary.api.routers.storages import Storage, StorageName
 from apiary.api.schemas import ERROR_RESPONSES, RequestBody
 from apiary.auth.bootstrap import DEFAULT_GROUP
 from apiary.errors import ForbiddenError, NoTokenError, NoVirtualClusterError
@@ -44,6 +45,7 @@ class UserJson(BaseModel):
     email: str | None
     groups: list[str]
     virtualClusters: list[str]
+    storageConfigs: list[str] = Field(default_factory=list, description="Storage configs the groups grant.")
     admin: bool
 
 
@@ -60,6 +62,7 @@ class GroupJson(BaseModel):
     description: str
     members: list[str]
     virtualClusters: list[str]
+    storageConfigs: list[str] = Field(default_factory=list, description="Storage configs the group may use.")
 
 
 class TokenCreate(_Body):
@@ -92,6 +95,7 @@ class Me(BaseModel):
     admin: bool
     groups: list[str]
     virtualClusters: list[str]
+    storageConfigs: list[str] = Field(default_factory=list, description="Storage configs the groups grant.")
     tokenId: str
     expires: float | None
 
@@ -100,7 +104,8 @@ class Me(BaseModel):
 def me(caller: Caller) -> dict:
     """Who the token is: kind (user / agent / service), name, groups and the VCs they may use."""
     return {"kind": caller.kind, "name": caller.name, "admin": caller.admin, "groups": sorted(caller.groups),
-            "virtualClusters": sorted(caller.virtual_clusters), "tokenId": caller.token_id, "expires": caller.expires}
+            "virtualClusters": sorted(caller.virtual_clusters), "storageConfigs": sorted(caller.storage_configs),
+            "tokenId": caller.token_id, "expires": caller.expires}
 
 
 @router.get("/users", response_model=list[UserJson])
@@ -178,6 +183,21 @@ def grant(directory: Dir, plane: Plane, _caller: Admin, name: str = PathName(),
 @router.delete("/groups/{name}/virtualClusters/{vc}", response_model=GroupJson)
 def revoke_grant(directory: Dir, _caller: Admin, name: str = PathName(), vc: str = Path(max_length=100)) -> dict:
     return directory.set_grant(name, vc, False)
+
+
+@router.put("/groups/{name}/storageConfigs/{config}", response_model=GroupJson)
+def grant_storage(directory: Dir, storage: Storage, _caller: Admin, name: str = PathName(),
+                  config: str = StorageName()) -> dict:
+    """Let the group's members mount storage config ``config`` and use its files (OpenPAI's group
+    ``extension.acls.storageConfigs``)."""
+    storage.config(config)  # 404 for a config that does not exist
+    return directory.set_storage_grant(name, config, True)
+
+
+@router.delete("/groups/{name}/storageConfigs/{config}", response_model=GroupJson)
+def revoke_storage(directory: Dir, _caller: Admin, name: str = PathName(), config: str = StorageName()) -> dict:
+    """Take the grant back: jobs launched from now on no longer mount it."""
+    return directory.set_storage_grant(name, config, False)
 
 
 @router.post("/tokens", status_code=201, response_model=NewTokenJson)

@@ -34,6 +34,7 @@ from apiary.auth import Directory, Principal
 from apiary.control import ControlPlane
 from apiary.errors import ForbiddenError, NotFoundError, ValidationError
 from apiary.spec.job import JobSpec
+from apiary.storage.service import StorageService
 
 router = APIRouter(prefix="/api/v2", tags=["jobs"], responses=ERROR_RESPONSES,
                    dependencies=[Depends(plain_text)])
@@ -61,11 +62,15 @@ def _owned(plane: ControlPlane, caller: Principal, job_id: str, what: str) -> No
         raise ForbiddenError(f"Only {user} and admins may {what} job {job_id}; you are {caller.describe()}.")
 
 
-def vc_check(who: Principal) -> Callable[[JobSpec], None]:
-    """Refuse a spec whose virtual cluster ``who``'s groups do not grant (OpenPAI's message)."""
+def vc_check(who: Principal, storage: StorageService | None = None) -> Callable[[JobSpec], None]:
+    """Refuse a spec whose virtual cluster ``who``'s groups do not grant (OpenPAI's message), and,
+    with ``storage``, one that names a storage config that does not exist (400 naming the field)
+    or that ``who``'s groups do not grant (403 naming it): :meth:`StorageService.check_submit`."""
     def check(spec: JobSpec) -> None:
         if not who.can_use(spec.virtual_cluster):
             raise ForbiddenError(f"User {who.name} has no access to virtual cluster {spec.virtual_cluster}.")
+        if storage is not None:
+            storage.check_submit(spec.storage_requests(), admin=who.admin, granted=who.storage_configs)
     return check
 
 
@@ -124,7 +129,8 @@ async def accept_submission(state: Any, who: Principal, body: Callable[[], Await
     text = await body()
     # The loop's default executor, not run_in_threadpool: anyio's hand-off (its capacity limiter,
     # cancel scope and run-vars) cost the event loop more than asyncio's for the busiest write.
-    submit = functools.partial(state.plane.submit, text, who.name, flow_run_id=flow_run_id, authorize=vc_check(who))
+    check = vc_check(who, getattr(state, "storage", None))
+    submit = functools.partial(state.plane.submit, text, who.name, flow_run_id=flow_run_id, authorize=check)
     job: dict = await asyncio.get_running_loop().run_in_executor(None, submit)
     if limiter is not None:
         limiter.count_submit(who.name)
@@ -150,7 +156,8 @@ async def clone(job_id: str, request: Request, plane: Plane, directory: Dir, cal
     if limiter is not None and owner is not None:
         limiter.check_submit(owner)
     # An owner's copy needs a VC they may still use; admins and the bridge act for the owner.
-    check = vc_check(caller) if caller.kind == "user" and not caller.admin else None
+    check = vc_check(caller, getattr(request.app.state, "storage", None)) \
+        if caller.kind == "user" and not caller.admin else None
     job = await run_in_threadpool(plane.clone, job_id, flow_run_id=flow_run_id, authorize=check)
     if limiter is not None and owner is not None:
         limiter.count_submit(owner)
