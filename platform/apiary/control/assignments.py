@@ -17,6 +17,7 @@ from apiary.errors import ApiaryError
 from apiary.runtime.env import build_task_env
 from apiary.runtime.probes import parse_probes, probes_to_wire
 from apiary.spec.job import JobSpec
+from apiary.spec.ports import task_ports
 from apiary.spec.storage import StorageRequest
 from apiary.spec.templating import render
 from apiary.store.models import Job, Node, Placement, Task
@@ -111,13 +112,17 @@ class Assignments:
         # A node that never told its address (no row, or none in it) is taken to be this host.
         host_ips = {(t.task_role, t.index): (nodes[t.node][0] if t.node in nodes else None) or "127.0.0.1"
                     for t in peers if t.node}
+        # Each instance's named ports (resourcePerInstance.ports), chosen from its run id
+        # (apiary.spec.ports): every peer's are in the environment, as OpenPAI gives them.
+        ports = {(t.task_role, t.index): task_ports(t.run_id, spec.port_names(t.task_role))
+                 for t in peers if t.node and t.run_id and spec.port_names(t.task_role)}
         env = build_task_env(
             job_id=job.id,
             user=job.user,
             job_name=job.name,
             task_roles={r: x.instances for r, x in spec.task_roles.items()},
             host_ips=host_ips,
-            ports=None,
+            ports=ports or None,
             task_role=task.task_role,
             index=task.index,
             gpus=list(task.gpus or []),

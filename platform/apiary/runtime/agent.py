@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 import httpx
 
 from apiary.client import check_token_transport
-from apiary.errors import UnavailableError, ValidationError
+from apiary.errors import PlatformError, UnavailableError, ValidationError
 from apiary.lifecycle import EXIT_LAUNCH_FAILED, EXIT_LIVENESS_FAILED, EXIT_MOUNT_FAILED, EXIT_NODE_LOST
 from apiary.procutil import write_probe
 from apiary.runtime.base import RuntimeBackend, TaskLaunch, TaskStatus
@@ -77,6 +77,7 @@ from apiary.runtime.link import (
     Replicas,
     all_loopback,
 )
+from apiary.runtime.ports import EXIT_PORT_CONFLICT, own_ports, taken
 from apiary.runtime.probes import ExecAction, Prober, monotonic_from_wall, probes_from_wire
 from apiary.runtime.storage import MountFailed, TaskMounts
 
@@ -444,6 +445,9 @@ class NodeAgent:
             if self.fenced:
                 logger.warning("node=%s run=%s launch deferred: the node is self-fenced", self.node, run_id)
                 return
+            busy = taken(own_ports(env)) if self.backend.name in ("process", "docker") else []
+            if busy:
+                raise PortConflict(f"port(s) {', '.join(busy)} of {run_id} are taken on node {self.node}")
             spec["mounts"] = self._mount(run_id, spec)
             launch = TaskLaunch(**{**spec, "workdir": self.workdir, "env": env})
             st = self.backend.launch(launch)
@@ -466,13 +470,12 @@ class NodeAgent:
             if self.mounts is not None:
                 self.mounts.release(run_id)
             now = time.time()
-            mount_failed = isinstance(exc, MountFailed)
-            if mount_failed:
-                self._notes[run_id] = f"apiary: {EXIT_MOUNT_FAILED} {why}\n".encode()
-            self._failed[run_id] = TaskStatus(
-                run_id=run_id, state="exited", exit_code=EXIT_MOUNT_FAILED if mount_failed else EXIT_LAUNCH_FAILED,
-                pid=None, started_at=now, finished_at=now,
-            )
+            code = EXIT_MOUNT_FAILED if isinstance(exc, MountFailed) else \
+                EXIT_PORT_CONFLICT if isinstance(exc, PortConflict) else EXIT_LAUNCH_FAILED
+            if code != EXIT_LAUNCH_FAILED:
+                self._notes[run_id] = f"apiary: exit code {code}: {why}\n".encode()
+            self._failed[run_id] = TaskStatus(run_id=run_id, state="exited", exit_code=code, pid=None,
+                                              started_at=now, finished_at=now)
         else:
             if st.state == "running" and a.get("probes") and not self.backend.runs_probes:
                 try:
@@ -913,6 +916,10 @@ def recording_problem(backend: RuntimeBackend) -> str | None:
         return None
     problem = write_probe(state_dir, RECORD_PROBE_BYTES)
     return None if problem is None else f"cannot write to {problem}"
+
+
+class PortConflict(PlatformError):
+    """A task's named port is held by another process on the node (:mod:`apiary.runtime.ports`)."""
 
 
 def _secret_values(launch: object) -> list[str]:

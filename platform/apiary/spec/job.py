@@ -545,6 +545,11 @@ class JobSpec(_Model):
         """HiveD priority of :attr:`priority_class` per :data:`PRIORITY_CLASSES` (-1 = opportunistic)."""
         return PRIORITY_CLASSES[self.priority_class]
 
+    def port_names(self, task_role: str) -> list[str]:
+        """The named ports each instance of ``task_role`` gets (its ``resourcePerInstance.ports``
+        labels, sorted; :func:`apiary.spec.ports.task_ports` chooses the numbers)."""
+        return sorted(self.task_roles[task_role].resource_per_instance.ports or {})
+
     def storage_requests(self) -> tuple[StorageRequest, ...] | None:
         """The storage configs the job names (:func:`apiary.spec.storage.storage_requests`): None
         when it names none (its user's defaults apply). Raises ValidationError for a malformed one."""
