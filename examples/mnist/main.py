@@ -13,6 +13,16 @@ Each epoch prints one line, and the last line is the final test accuracy::
     epoch N/M loss=... train_acc=... test_acc=...
     final test_acc=...
 
+Data in, model out (a platform's storage mounted into the task, e.g. at ``/mnt/home``)::
+
+    python3 examples/mnist/main.py --export-data digits.npz        # the data set as a file to upload
+    python3 examples/mnist/main.py --data-dir /mnt/home/data --output-dir /mnt/home/models/run1
+
+``--data-dir DIR`` reads ``DIR/digits.npz`` (arrays ``data``, n x 64 pixels 0..16, and ``target``,
+n labels) instead of scikit-learn's copy; ``--output-dir DIR`` writes ``DIR/model.npz`` (the
+weights, the hidden size and the standardisation's ``mean`` and ``std``: :func:`load_model` reads
+it back) and ``DIR/metrics.json`` (the last epoch's loss and accuracies).
+
 Exit codes: 0 on success, 2 for bad arguments, 1 when training diverges (non-finite loss) or
 the data cannot be loaded. Runs on the CPU; it only reports the GPUs it was given.
 """
@@ -20,8 +30,11 @@ the data cannot be loaded. Runs on the CPU; it only reports the GPUs it was give
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -52,27 +65,63 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hidden", type=positive_int, default=128, help="hidden units")
     parser.add_argument("--seed", type=int, default=0, help="seed for the split, init and shuffling")
     parser.add_argument("--test-fraction", type=float, default=0.2, help="held-out share (0..1)")
+    parser.add_argument("--data-dir", type=Path, help="read DIR/digits.npz instead of scikit-learn's copy")
+    parser.add_argument("--output-dir", type=Path, help="write model.npz and metrics.json to DIR")
+    parser.add_argument("--export-data", type=Path, metavar="PATH",
+                        help="write scikit-learn's digits set to PATH (npz: data, target) and exit")
     args = parser.parse_args(argv)
     if not 0 < args.test_fraction < 1:
         parser.error(f"argument --test-fraction: must be between 0 and 1, got {args.test_fraction}")
     return args
 
 
-def load_data(seed: int, test_fraction: float) -> tuple[np.ndarray, ...]:
+def raw_digits(data_dir: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(pixels n x 64, labels n)``: from ``data_dir/digits.npz`` when given, else scikit-learn's."""
+    if data_dir is not None:
+        with np.load(data_dir / "digits.npz") as f:
+            return f["data"].astype(np.float64), f["target"].astype(np.int64)
     from sklearn.datasets import load_digits
 
     digits = load_digits()
-    x = digits.data.astype(np.float64)  # pixels are 0..16
-    y = digits.target.astype(np.int64)
-    order = np.random.default_rng(seed).permutation(len(x))
-    n_test = int(round(len(x) * test_fraction))
-    test, train = order[:n_test], order[n_test:]
-    # Standardise with the training set's statistics; a pixel that is constant there (the corners
-    # are always 0) is only centred.
+    return digits.data.astype(np.float64), digits.target.astype(np.int64)  # pixels are 0..16
+
+
+def split(n: int, seed: int, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(train indices, test indices)`` of ``n`` examples: the held-out split every run with the
+    same seed and fraction uses."""
+    order = np.random.default_rng(seed).permutation(n)
+    n_test = int(round(n * test_fraction))
+    return order[n_test:], order[:n_test]
+
+
+def load_data(seed: int, test_fraction: float, data_dir: Path | None = None) -> tuple[np.ndarray, ...]:
+    """``(x_train, y_train, x_test, y_test, mean, std)``, the pixels standardised with the training
+    set's statistics (a pixel that is constant there, the corners, is only centred)."""
+    x, y = raw_digits(data_dir)
+    train, test = split(len(x), seed, test_fraction)
     mean, std = x[train].mean(axis=0), x[train].std(axis=0)
     std[std == 0] = 1.0
     x = (x - mean) / std
-    return x[train], y[train], x[test], y[test]
+    return x[train], y[train], x[test], y[test], mean, std
+
+
+def save_model(model: MLP, mean: np.ndarray, std: np.ndarray, path: Path) -> None:
+    """The model and its standardisation as one npz (written beside, then renamed)."""
+    part = path.with_name(path.name + ".part.npz")
+    np.savez(part, w1=model.w1, b1=model.b1, w2=model.w2, b2=model.b2, mean=mean, std=std)
+    part.replace(path)
+
+
+def load_model(path: Path) -> Callable[[np.ndarray], np.ndarray]:
+    """A predictor of raw pixels (n x 64, 0..16) -> labels from a :func:`save_model` file."""
+    with np.load(path) as f:
+        w1, b1, w2, b2, mean, std = (f[k] for k in ("w1", "b1", "w2", "b2", "mean", "std"))
+
+    def predict(pixels: np.ndarray) -> np.ndarray:
+        h = np.maximum(((pixels - mean) / std) @ w1 + b1, 0.0)
+        return (h @ w2 + b2).argmax(axis=1)
+
+    return predict
 
 
 class Adam:
@@ -135,8 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     gpus = "not set" if visible is None else (visible or "none")
     print(f"CUDA_VISIBLE_DEVICES: {gpus}; this example trains on the CPU with NumPy", flush=True)
 
+    if args.export_data is not None:
+        pixels, labels = raw_digits()
+        np.savez(args.export_data, data=pixels, target=labels)
+        print(f"wrote {len(labels)} images to {args.export_data}", flush=True)
+        return 0
     try:
-        x_train, y_train, x_test, y_test = load_data(args.seed, args.test_fraction)
+        x_train, y_train, x_test, y_test, mean, std = load_data(args.seed, args.test_fraction, args.data_dir)
     except Exception as exc:  # noqa: BLE001 - report any loading failure plainly
         print(f"error: cannot load the digits data set: {exc}", file=sys.stderr, flush=True)
         return 1
@@ -148,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rng = np.random.default_rng(args.seed)
     model = MLP(x_train.shape[1], args.hidden, 10, rng)
-    test_acc = 0.0
+    test_acc = train_acc = loss_mean = 0.0
     with np.errstate(over="ignore", invalid="ignore"):
         for epoch in range(1, args.epochs + 1):
             order = rng.permutation(len(x_train))
@@ -166,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                     return 1
                 total += loss * len(batch)
                 seen += len(batch)
+            loss_mean = total / seen
             train_acc = float((model.predict(x_train) == y_train).mean())
             test_acc = float((model.predict(x_test) == y_test).mean())
             print(
@@ -174,6 +229,12 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     print(f"final test_acc={test_acc:.4f}", flush=True)
+    if args.output_dir is not None:
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+        save_model(model, mean, std, args.output_dir / "model.npz")
+        metrics = {"epochs": args.epochs, "loss": loss_mean, "train_acc": train_acc, "test_acc": test_acc}
+        (args.output_dir / "metrics.json").write_text(json.dumps(metrics) + "\n")
+        print(f"wrote model.npz and metrics.json to {args.output_dir}", flush=True)
     return 0
 
 

@@ -95,3 +95,28 @@ def test_diverging_loss_exits_non_zero() -> None:
     proc = run("--epochs", "1", "--lr", "1e300")
     assert proc.returncode == 1
     assert "diverged" in proc.stderr
+
+
+def test_data_from_a_directory_and_the_model_out_to_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--export-data writes the set a user uploads; --data-dir reads it instead of scikit-learn's copy;
+    --output-dir writes a model that load_model reads back and that scores as the run said."""
+    import json
+
+    import numpy as np
+
+    mnist = load_main()
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    assert mnist.main(["--export-data", str(data / "digits.npz")]) == 0
+    with np.load(data / "digits.npz") as f:
+        pixels, labels = f["data"], f["target"]
+    assert pixels.shape == (1797, 64) and labels.shape == (1797,)
+    # A data set that differs from scikit-learn's proves the directory's was read: drop a tenth.
+    np.savez(data / "digits.npz", data=pixels[:1617], target=labels[:1617])
+    assert mnist.main(["--epochs", "1", "--lr", "0.01", "--data-dir", str(data), "--output-dir", str(out)]) == 0
+    assert "1294 train / 323 test" in capsys.readouterr().out
+    metrics = json.loads((out / "metrics.json").read_text())
+    predict = mnist.load_model(out / "model.npz")
+    _, test = mnist.split(1617, 0, 0.2)
+    accuracy = float((predict(pixels[:1617][test]) == labels[:1617][test]).mean())
+    assert accuracy == pytest.approx(metrics["test_acc"]) and accuracy >= 0.85
