@@ -10,30 +10,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from tests.support.dfs import loopback_gluster, require, unmount_all_under
 
-from apiary.hosts.gluster import GlusterVolume, gluster_available, volume_on_loopback
+from apiary.hosts.gluster import GlusterVolume
 from apiary.hosts.sshd import Sshd, generate_keypair, sshd_available
-from apiary.mounts.table import MountTable, mount_points
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
-
-
-def require(why: str | None) -> None:
-    """Skip the test when ``why`` says something is missing; under CI=true fail it instead."""
-    if why is None:
-        return
-    if in_ci():
-        pytest.fail(f"CI=true but {why} (.ci/run installs it)", pytrace=False)
-    pytest.skip(why)
+from apiary.mounts.table import MountTable
 
 
 def sshfs_available() -> str | None:
@@ -43,13 +30,6 @@ def sshfs_available() -> str | None:
     if why is None and not os.path.exists("/dev/fuse"):
         why = "/dev/fuse is missing"
     return why
-
-
-def unmount_all_under(root: Path) -> None:
-    """Lazily unmount whatever is still mounted under ``root`` (deepest first)."""
-    prefix = os.path.realpath(root).rstrip("/") + "/"
-    for point in sorted((p for p in mount_points() if p.startswith(prefix)), key=len, reverse=True):
-        subprocess.run(["umount", "-l", point], capture_output=True, timeout=30, check=False)
 
 
 @pytest.fixture
@@ -76,14 +56,8 @@ def mount_table(tmp_path: Path) -> Iterator[MountTable]:
 def gluster_volume() -> Iterator[GlusterVolume]:
     """A started volume ``apiary`` on a private glusterd on this machine's loopback, for the
     module (glusterd takes ~3 s to start); stopped and deleted after it."""
-    require(gluster_available())
-    root = Path(tempfile.mkdtemp(prefix="apiary-gluster-"))
-    try:
-        with volume_on_loopback(root / "glusterd", "apiary") as volume:
-            yield volume
-    finally:
-        unmount_all_under(root)
-        shutil.rmtree(root, ignore_errors=True)
+    with loopback_gluster("apiary") as volume:
+        yield volume
 
 
 @dataclass
