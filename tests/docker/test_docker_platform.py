@@ -126,3 +126,41 @@ def test_lab6_demo_passes_with_the_docker_runtime(docker_client):
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:]
     assert out.stdout.count("PASS ") == 5 and "5 of 5 scenarios passed." in out.stdout
     assert "pushed " in out.stdout  # the image really went to the platforms' registries
+
+
+def test_mnist_reads_and_writes_glusterfs_storage_through_bind_mounts(platform, docker_client, tmp_path):
+    """The Docker runtime mounts a job's storage as bind mounts of the node's GlusterFS mount:
+    Lab 6's mnist reads the uploaded digits set and writes its model, which comes back and loads."""
+    import importlib.util
+
+    import numpy as np
+    import yaml
+    from tests.support.dfs import loopback_gluster
+
+    p, c = platform
+    admin = c.admin
+    with loopback_gluster("apiary-docker") as volume:
+        admin.put_storage_server("gfs-docker", "glusterfs", volume.server_data())
+        admin.put_storage_config("team-docker", [{"mountPoint": "/mnt/team", "server": "gfs-docker", "path": "m"}])
+        admin.set_storage_grant("default", "team-docker")
+        spec = importlib.util.spec_from_file_location("mnist_main", REPO_ROOT / "examples" / "mnist" / "main.py")
+        assert spec is not None and spec.loader is not None
+        mnist = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mnist)
+        mnist.main(["--export-data", str(tmp_path / "digits.npz")])
+        admin.storage_upload("team-docker", "data/digits.npz", tmp_path / "digits.npz")
+        doc = yaml.safe_load(job_text(0))
+        doc["name"] = "mnist-docker-storage"
+        doc["extras"] = {"storages": [{"name": "team-docker"}]}
+        doc["taskRoles"]["train"]["commands"] = [
+            "python3 examples/mnist/main.py --epochs 1 --lr 0.01 --data-dir /mnt/team/data --output-dir /mnt/team/out"]
+        job = done(c, c.submit(yaml.safe_dump(doc, sort_keys=False), user="alice")["id"])
+        assert job["state"] == "SUCCEEDED", (job, c.logs(job["id"], "train", 0, stream="stderr"))
+        assert "1438 train / 359 test" in c.logs(job["id"], "train", 0)
+        admin.storage_download("team-docker", "out/model.npz", tmp_path / "model.npz")
+        predict = mnist.load_model(tmp_path / "model.npz")
+        with np.load(tmp_path / "digits.npz") as f:
+            pixels, labels = f["data"], f["target"]
+        _, test = mnist.split(len(labels), 0, 0.2)
+        assert float((predict(pixels[test]) == labels[test]).mean()) >= 0.85
+        until(lambda: containers(docker_client, job["id"]) == [], 30, "the finished container to be removed")
