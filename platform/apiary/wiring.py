@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -51,6 +52,9 @@ from apiary.control.health import ReplicaRole
 from apiary.control.leader import LeaderElector, default_identity
 from apiary.control.loop import SchedulingLoop
 from apiary.control.plane import ControlPlane
+from apiary.control.proxy import KEY_FILE as PROXY_KEY_FILE
+from apiary.control.proxy import InstanceSecrets
+from apiary.control.proxy import load_key as load_proxy_key
 from apiary.drills.board import DrillBoard
 from apiary.errors import ValidationError
 from apiary.mounts.table import MountTable
@@ -183,7 +187,10 @@ class Wiring:
             time.sleep(0.01)
 
     def stop(self) -> None:
-        """Stop what :meth:`start` started (the lease is left to expire)."""
+        """Stop what :meth:`start` started (the lease is left to expire), and unmount the storage
+        the files API mounted."""
+        if self.storage_files is not None:
+            self.storage_files.close()
         if self.elector is not None:
             self.elector.stop()
         if self._working.is_set():
@@ -225,10 +232,14 @@ def wire(settings: Settings, *, public_url: str, plane: ControlPlane | None = No
     loop = SchedulingLoop(plane, tick_s=settings.tick_s, min_interval_s=settings.cycle_min_interval_s)
     storage = StorageService(plane.sessions)
     plane.agents.plan_mounts = MountPlanner(storage, directory.storage_grants).plan
+    # Each launch's proxy secret (apiary.control.proxy), under a key kept in the home so that a
+    # restarted control plane still reaches the tasks its predecessor launched.
+    plane.agents.instance_secrets = InstanceSecrets(load_proxy_key(home / PROXY_KEY_FILE))
     if settings.node_credentials == "home":
         bootstrap_home_storage(storage, directory, home)
     files = StorageFiles(storage, MountTable(home / "storage-mounts"),
                          max_upload_bytes=settings.storage_max_upload_bytes)
+    files.close()  # what a control plane killed before its stop left mounted
     w = Wiring(settings, plane, cluster_id, directory, alert_log, receiver, ci,
                DrillBoard(home / "drills.json"), incidents, escalator, loop,
                identity=settings.replica_id or default_identity(home),
@@ -338,6 +349,11 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8470) -> None
     w.settle()
     logger.info("control plane listening on %s://%s:%d (replica %s, advertised as %s)", scheme, host, port,
                 w.identity, w.url)
+    # uvicorn shuts down on SIGTERM/SIGINT, puts back the handlers it found and raises the signal
+    # again; Python's default handler would then end the process before the stop below (the storage
+    # the files API mounted would stay mounted). These take the raised signal, so the stop runs.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
     try:
         server.run()
     finally:

@@ -13,8 +13,10 @@ alice's job ``alice~secret-train`` carries a planted secret and runs on hostname
 
 from __future__ import annotations
 
+import http.server
 import itertools
 import re
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +37,7 @@ from apiary.ops.alerts import ActionsConfig, AlertReceiver
 from apiary.response.config import ResponseConfig
 from apiary.settings import Settings
 from apiary.spec.cluster import load_cluster_config
+from apiary.spec.ports import task_ports
 from apiary.storage.files import StorageFiles
 from apiary.storage.service import StorageService
 from apiary.store import make_engine, migrate, session_factory
@@ -52,6 +55,7 @@ def secret_job(name: str = "secret-train", vc: str = "default") -> str:
     doc["defaults"] = {"virtualCluster": vc}
     doc["secrets"] = {"token": SECRET}
     doc["taskRoles"]["train"]["commands"] = ["echo using <% $secrets.token %>", "sleep 600"]
+    doc["taskRoles"]["train"]["resourcePerInstance"]["ports"] = {"http": 1}  # reached through the proxy
     return yaml.safe_dump(doc, sort_keys=False)
 
 
@@ -116,6 +120,9 @@ class World:
         return self.client.get(f"/api/v2/jobs/{job}", headers=self.headers["admin"]).json()["state"]
 
     def close(self) -> None:
+        if hasattr(self, "task_server"):
+            self.task_server.shutdown()
+            self.task_server.server_close()
         self.client.__exit__(None, None, None)
         self.engine.dispose()
 
@@ -245,6 +252,33 @@ def _incident(w: World) -> str:
     return w.incident  # type: ignore[attr-defined]
 
 
+class _TaskHandler(http.server.BaseHTTPRequestHandler):
+    """The web server of alice's task (its named port ``http``): 200 to every method."""
+
+    def _answer(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _answer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def _proxied(w: World) -> Target:
+    """A request through the proxy to alice's running task's named port ``http``, served on the node's
+    address (hostname-carol reported none: 127.0.0.1) by a server started on first use."""
+    if not hasattr(w, "task_server"):
+        run_id = w.run_id
+        port = task_ports(run_id, ["http"])["http"]
+        w.task_server = http.server.ThreadingHTTPServer(("127.0.0.1", port), _TaskHandler)  # type: ignore[attr-defined]
+        threading.Thread(target=w.task_server.serve_forever, daemon=True).start()  # type: ignore[attr-defined]
+    return Target(f"/api/v2/jobs/{JOB}/proxy/train/0/http/index.html", owner="alice", vc="default")
+
+
 def _bootstrap_token(w: World) -> str:
     r = w.client.post("/api/v2/bootstrap-tokens", json={}, headers=w.headers["admin"])
     r.raise_for_status()
@@ -315,6 +349,8 @@ REQUESTS: dict[tuple[str, str], Make] = {
     ("POST", "/api/v2/tokens"): lambda w, who: Target("/api/v2/tokens", {"json": {}}),
     ("DELETE", "/api/v2/tokens/{token_id}"): lambda w, who: Target(f"/api/v2/tokens/{_alices_token(w)}", owner="alice"),
     ("POST", "/api/v2/bootstrap-tokens"): lambda w, who: Target("/api/v2/bootstrap-tokens", {"json": {}}),
+    **{(method, "/api/v2/jobs/{job_id}/proxy/{role}/{index}/{port}/{path}"): lambda w, who: _proxied(w)
+       for method in ("GET", "POST", "PUT", "PATCH", "DELETE")},
     ("POST", "/api/v2/nodes/{node}/join"): lambda w, who: Target(f"/api/v2/nodes/{DAN}/join", {"json": {}},
                                                                   node=DAN),
     ("DELETE", "/api/v2/bootstrap-tokens/{token_id}"): lambda w, who: Target(
@@ -466,9 +502,14 @@ def app_routes(routes: list[Any]) -> Iterator[tuple[str, set[str] | None]]:
     ``app.routes`` alone saw only the app's own few routes)."""
     for route in routes:
         if hasattr(route, "effective_route_contexts"):
-            yield from ((r.path, r.methods) for r in route.effective_route_contexts())
+            yield from ((_template(r.path), r.methods) for r in route.effective_route_contexts())
         else:
-            yield route.path, getattr(route, "methods", None)
+            yield _template(route.path), getattr(route, "methods", None)
+
+
+def _template(path: str) -> str:
+    """A route's path as the OpenAPI document writes it: ``{path:path}`` is ``{path}`` there."""
+    return re.sub(r"\{(\w+):\w+\}", r"{\1}", path)
 
 
 def test_every_route_is_in_the_table_and_the_openapi_document_says_who(shared: World) -> None:

@@ -111,6 +111,11 @@ ACCESS: dict[tuple[str, str], Access] = {
     ("PUT", "/api/v2/flowRuns"): _a(*_LINKERS, note="flow runs no other job holds"),
     ("GET", "/api/v2/jobs/{job_id}/logs"): _a("owner", "admin", "bridge", sees=_JOB_SEES, hidden_to=("user",)),
     ("POST", "/api/v2/logs/query"): _a("admin", "bridge"),
+    # the proxy to a task instance's named port: its owner only (websocket upgrades of the same path too)
+    **{(method, "/api/v2/jobs/{job_id}/proxy/{role}/{index}/{port}/{path}"): _a(
+        "owner", sees=_JOB_SEES, hidden_to=("user",),
+        note="the job's user only: admins and the bridge are refused too (the task's servers act as its owner)")
+       for method in ("GET", "POST", "PUT", "PATCH", "DELETE")},
     ("GET", "/api/v2/events"): _a("user", "bridge", note="users get their own jobs' events"),
     # cluster and nodes
     ("POST", "/api/v2/scheduler/cycle"): _a("admin", "bridge"),

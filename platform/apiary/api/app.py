@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -55,6 +56,7 @@ from apiary.ci.records import CiRecords
 from apiary.ci.starter import PrefectStarter
 from apiary.control import ControlPlane
 from apiary.control.health import HealthCheck
+from apiary.control.proxy import InstanceSecrets
 from apiary.drills.board import DrillBoard
 from apiary.errors import (
     ApiaryError,
@@ -127,6 +129,10 @@ def create_app(
     app.state.storage_files = storage_files
     if plane.agents.plan_mounts is None:  # an in-process app: tasks mount what the directory grants
         plane.agents.plan_mounts = MountPlanner(storage, directory.storage_grants).plan
+    if plane.agents.instance_secrets is None:
+        # An in-process app holds both ends (the launches and the proxy), so a key of its own works;
+        # the control-plane process keeps one in its home (wiring), which outlives a restart.
+        plane.agents.instance_secrets = InstanceSecrets(secrets.token_bytes(32))
     app.state.bootstrap_tokens = bootstrap_tokens or BootstrapTokens(plane.sessions, directory)
     app.state.drills = drills = drills if drills is not None else DrillBoard()
     app.state.ci = ci or WebhookIntake(

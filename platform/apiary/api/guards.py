@@ -85,6 +85,9 @@ class _BodyState:
 
 #: Where the storage file routes live (their uploads have a limit of their own).
 UPLOAD_PREFIX = "/api/v2/storages/configs/"
+#: The proxy to tasks' ports (``/api/v2/jobs/<job>/proxy/...``): its bodies are the task's
+#: (a notebook saved, a file uploaded to JupyterLab), under the upload limit too.
+PROXY_MARK = "/proxy/"
 
 
 class BodyLimitMiddleware:
@@ -115,10 +118,13 @@ class BodyLimitMiddleware:
 
     def limit(self, scope: Scope) -> int:
         """The limit of this request: ``upload_max_bytes`` for a storage file upload (``PUT
-        /api/v2/storages/configs/<name>/files``, whose route streams the body to disk), else
-        ``max_bytes``."""
+        /api/v2/storages/configs/<name>/files``, whose route streams the body to disk) and for a
+        request to a task through the proxy (``/api/v2/jobs/<job>/proxy/...``, streamed to the
+        task), else ``max_bytes``."""
         path = scope.get("path", "")
         if scope.get("method") == "PUT" and path.startswith(UPLOAD_PREFIX) and path.endswith("/files"):
+            return self.upload_max_bytes
+        if path.startswith("/api/v2/jobs/") and PROXY_MARK in path:
             return self.upload_max_bytes
         return self.max_bytes
 

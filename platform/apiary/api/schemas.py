@@ -279,6 +279,16 @@ class TaskJson(BaseModel):
     completionTime: str | None
 
 
+class JobStorageJson(BaseModel):
+    """One mount of a job's tasks: config ``config``'s ``path`` on ``server`` at ``mountPoint``."""
+
+    config: str
+    mountPoint: str
+    server: str
+    path: str
+    permission: Literal["rw", "ro"]
+
+
 class JobJson(BaseModel):
     """A job as OpenPAI's REST server shows it, with Apiary's additions (retryDetails, tasks, ...)."""
 
@@ -303,6 +313,15 @@ class JobJson(BaseModel):
     flowRunId: str | None = Field(description="The Prefect flow run the job is mirrored into.")
     tags: list[str]
     tasks: list[TaskJson]
+
+
+class JobDetailJson(JobJson):
+    """One job (``GET /jobs/{id}``): :class:`JobJson` and, when its tasks mount storage, what they
+    mount (the configs' files are where its outputs go: ``apiary storage ls CONFIG:PATH``), or why
+    they cannot now."""
+
+    storage: list[JobStorageJson] | None = Field(default=None, description="What its tasks mount (absent: none).")
+    storageError: str | None = Field(default=None, description="Why its storage cannot be mounted now.")
 
 
 class EventJson(BaseModel):

@@ -364,6 +364,16 @@ def print_job(job: dict) -> None:
                      ",".join(map(str, task["gpus"])) or "-", "-" if code is None else str(code)))
     console.print()
     print_rows(console, ("task", "state", "node", "gpus", "exit code"), rows)
+    mounts = job.get("storage") or []
+    if mounts or job.get("storageError"):
+        # Where the tasks' outputs go: the storage they mount (apiary storage ls CONFIG:PATH lists it).
+        console.print()
+        if mounts:
+            print_rows(console, ("storage", "mounted at", "server:path", "permission"),
+                       [(m["config"], m["mountPoint"], f"{m['server']}:{m['path'] or '/'}", m["permission"])
+                        for m in mounts])
+        if job.get("storageError"):
+            console.print(f"storage: {job['storageError']}", markup=False, highlight=False)
 
 
 @job_app.command("list")

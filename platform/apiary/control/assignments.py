@@ -12,6 +12,7 @@ from sqlalchemy import and_, select
 
 from apiary.control.cache import PlaneCache
 from apiary.control.node_service import ACTIVE_TASK_STATES
+from apiary.control.proxy import SECRET_ENV as PROXY_SECRET_ENV
 from apiary.control.views import latest_tasks
 from apiary.errors import ApiaryError
 from apiary.runtime.env import build_task_env
@@ -34,6 +35,9 @@ class Assignments:
         #: (:meth:`apiary.storage.service.MountPlanner.plan`); None: no storage is wired, and a job
         #: that names a config gets a launch that fails with the reason.
         self.plan_mounts: Callable[[str, tuple[StorageRequest, ...] | None], list[dict]] | None = None
+        #: ``instance_secrets(run_id) -> secret``: each launch's ``APIARY_PROXY_TOKEN``, which the API's
+        #: proxy presents to the task (:class:`apiary.control.proxy.InstanceSecrets`); None: no secret.
+        self.instance_secrets: Callable[[str], str] | None = None
 
     def answer(self, node: str) -> dict:
         """The long poll's answer for ``node``: ``{"generation", "assignments", "faults"}``.
@@ -128,6 +132,8 @@ class Assignments:
             gpus=list(task.gpus or []),
             attempt=task.attempt,
             simulated_gpus=bool(task.node in nodes and nodes[task.node][1]),
+            extra=({PROXY_SECRET_ENV: self.instance_secrets(task.run_id)}
+                   if self.instance_secrets and task.run_id else None),
         )
         prereq = next(
             (p for p in (spec.prerequisites or []) if p.type == "dockerimage" and p.name == tr.docker_image), None

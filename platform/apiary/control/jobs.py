@@ -23,6 +23,7 @@ from apiary.control.work import Committed
 from apiary.errors import ConflictError, NotFoundError, ValidationError
 from apiary.lifecycle.reducer import Effects, JobRecord, StopRequested, job_policy, submit
 from apiary.spec.job import JobSpec, parse_job
+from apiary.spec.storage import StorageRequest
 from apiary.store.models import Event, Job, Task
 from apiary.store.records import insert_new_jobs
 from apiary.store.unit import UnitOfWork, reading, store_errors
@@ -281,6 +282,12 @@ class JobService:
         """The job's JSON (:func:`~apiary.control.views.job_json`). Raises NotFoundError."""
         with reading(self.cache.sessions, "read jobs") as s:
             return job_json(s, self._get_job(s, job_id))
+
+    def storage_requests(self, job_id: str) -> tuple[StorageRequest, ...] | None:
+        """The storage configs job ``job_id`` names (:meth:`JobSpec.storage_requests`; None: its
+        user's defaults). Raises NotFoundError."""
+        with reading(self.cache.sessions, "read jobs") as s:
+            return self.cache.spec_of(self._get_job(s, job_id)).storage_requests()
 
     def job_owner(self, job_id: str) -> tuple[str, str]:
         """``(user, virtual cluster)`` of a job, for access checks. Raises NotFoundError."""

@@ -41,6 +41,7 @@ from apiary.control.cycle import CycleResult, SchedulingCycle
 from apiary.control.jobs import USER_PATTERN, JobService
 from apiary.control.logs import LogService
 from apiary.control.node_service import NodeService
+from apiary.control.proxy import ProxyTargets
 from apiary.lifecycle.reducer import run_id_for
 from apiary.scheduler import HivedScheduler
 from apiary.spec.cluster import ClusterConfig
@@ -78,6 +79,7 @@ class ControlPlane:
         self.nodes = NodeService(self.cache)
         self.scheduling = SchedulingCycle(self.cache, self.nodes.tend)
         self.agents = Assignments(self.cache, self.nodes.node_faults)
+        self.proxy = ProxyTargets(self.cache, lambda: self.agents.instance_secrets)
         self.logs = LogService(self.cache, logs_dir)
         self.clusters = ClusterService(self.cache, config_path=config_path)
         # The names callers use, each its service's method.

@@ -302,9 +302,10 @@ class Deployment:
 
     #: What every replica's home holds alike, copied by the operator from the first replica's (as
     #: kubeadm copies the shared certificates to a joining control-plane node): the platform's
-    #: identity (clusterId in /healthz) and the key that signs incident links, so any replica
-    #: answers as the same platform and verifies the links another one signed.
-    SHARED_HOME_FILES = ("cluster-id", "credentials/incident-links.key")
+    #: identity (clusterId in /healthz), the key that signs incident links and the key of the tasks'
+    #: proxy secrets, so any replica answers as the same platform, verifies the links another one
+    #: signed and proxies to the tasks another one launched.
+    SHARED_HOME_FILES = ("cluster-id", "credentials/incident-links.key", "credentials/task-proxy.key")
 
     def _share_identity(self, source: str, host: str) -> None:
         src, dst = self.dir(source) / "home", self.dir(host) / "home"

@@ -1039,6 +1039,9 @@ async def run_agents(
             await asyncio.gather(*(a.run(stop) for a in agents))
             if kill_tasks_on_exit:
                 await asyncio.gather(*(a.stop_all() for a in agents))
+                for agent in agents:  # their tasks are gone: so are the mounts they held
+                    if agent.mounts is not None:
+                        await asyncio.to_thread(agent.mounts.reconcile, set())
         finally:
             for server in servers:
                 server.shutdown()

@@ -30,6 +30,8 @@ Variable                                   Source in OpenPAI
 ``NVIDIA_VISIBLE_DEVICES``                 nvidia-container-runtime: indices, or ``void``
 ``APIARY_JOB_ID``                          Apiary's job id
 ``APIARY_SIMULATED_GPUS``                  ``1`` when the node's GPUs are simulated, else ``0``
+``APIARY_PROXY_TOKEN``                     this instance's secret that the API's proxy presents
+                                           (``apiary.control.proxy``; given as ``extra``)
 ========================================== ==================================================
 
 The ``<role>`` and ``<port>`` parts are used verbatim, so role and port names must be valid in

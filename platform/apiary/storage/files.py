@@ -45,6 +45,10 @@ class StorageFiles:
         self.table = table
         self.max_upload_bytes = max_upload_bytes
 
+    def close(self) -> None:
+        """Unmount what the control plane mounted for files (its process is stopping)."""
+        self.table.release(HOLDER)
+
     def locate(self, config_name: str, path: str) -> tuple[Path, str, MountInfo]:
         """``(directory of the mount info on this host, path relative to it, the mount info)``
         for ``path`` in config ``config_name``. Mounts the server when it is not mounted (raising

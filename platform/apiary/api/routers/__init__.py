@@ -11,10 +11,11 @@ from apiary.api.routers import (
     incidents,
     jobs,
     nodes,
+    proxy,
     storages,
 )
 
 ALL = (jobs.router, cluster.router, nodes.router, alerts.router, agents.router, identity.router, drills.router,
-       ci.router, ci_records.router, incidents.router, storages.router)
+       ci.router, ci_records.router, incidents.router, storages.router, proxy.router)
 
 __all__ = ["ALL"]

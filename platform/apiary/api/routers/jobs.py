@@ -26,13 +26,14 @@ from apiary.api.schemas import (
     FlowRunLinks,
     FlowRunRef,
     FlowRunsRecorded,
+    JobDetailJson,
     JobJson,
     LogReads,
     LogTexts,
 )
 from apiary.auth import Directory, Principal
 from apiary.control import ControlPlane
-from apiary.errors import ForbiddenError, NotFoundError, ValidationError
+from apiary.errors import ApiaryError, ForbiddenError, NotFoundError, ValidationError
 from apiary.spec.job import JobSpec
 from apiary.storage.service import StorageService
 
@@ -184,11 +185,24 @@ def list_jobs(
     return plane.list_jobs(user=username, virtual_cluster=virtualCluster, state=state, visible_to=visible)
 
 
-@router.get("/jobs/{job_id}", response_model=JobJson)
+@router.get("/jobs/{job_id}", response_model=JobDetailJson, response_model_exclude_unset=True)
 def get_job(job_id: str, plane: Plane, caller: People) -> dict:
-    """One job (404 also for a job the caller may not see)."""
+    """One job (404 also for a job the caller may not see), with what its tasks mount (``storage``:
+    the configs' files are where a job's outputs go) or why they cannot now (``storageError``)."""
     _visible(plane, caller, job_id)
-    return plane.get_job(job_id)
+    job = plane.get_job(job_id)
+    plan = plane.agents.plan_mounts
+    if plan is not None:
+        try:
+            mounts = plan(job["user"], plane.jobs.storage_requests(job_id))
+        except ApiaryError as e:
+            job["storageError"] = e.message
+        else:
+            if mounts:
+                job["storage"] = [{"config": m["config"], "mountPoint": m["mountPoint"], "server": m["server"]["name"],
+                                   "path": m["path"], "permission": "ro" if m["readOnly"] else "rw"}
+                                  for m in mounts]
+    return job
 
 
 @router.put("/jobs/{job_id}/executionType", response_model=JobJson)
