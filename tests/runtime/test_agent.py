@@ -227,3 +227,19 @@ def test_storage_that_cannot_be_mounted_fails_the_run_as_the_platforms_with_the_
     assert "no longer exists" in logs["alice~j.a0.train.0.t5"]
     assert "nfs1" in logs["alice~j.a0.train.0.t6"]
     assert agent.mounts.table.holders() == set()
+
+
+def test_a_mount_the_job_marked_failurepolicy_ignore_is_left_out_and_the_task_runs(tmp_path):
+    """OpenPAI's plugins' ``failurePolicy: ignore``: a storage mount that fails is left out."""
+    from apiary.runtime.storage import TaskMounts
+
+    agent = make_agent(tmp_path / "a")
+    agent.mounts = TaskMounts(tmp_path / "mounts", timeout_s=5)
+    a = assignment("alice~j.a0.train.0.t7", "RUN")
+    a["launch"]["mounts"] = [{"config": "share", "server": {"name": "nfs1", "type": "nfs", "data": {
+        "address": "198.18.255.254", "rootPath": "/export"}}, "path": "", "mountPoint": "/mnt/s", "readOnly": False,
+        "optional": True}]
+    agent._reconcile([a])
+    runs = agent.backend.list()
+    assert [r.run_id for r in runs] == ["alice~j.a0.train.0.t7"] and runs[0].state == "running"
+    agent.backend.stop("alice~j.a0.train.0.t7", grace_s=1)

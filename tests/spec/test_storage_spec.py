@@ -82,3 +82,13 @@ def test_mount_points_that_are_refused(path: str) -> None:
     with pytest.raises(ValidationError) as e:
         check_mount_point(path, "extras.storages[0].mountPath")
     assert e.value.field == "extras.storages[0].mountPath"
+
+
+def test_failure_policy_ignore_makes_the_plugins_configs_optional() -> None:
+    got = storage_requests({PLUGINS: [{"plugin": "teamwise_storage", "failurePolicy": "ignore",
+                                       "parameters": {"storageConfigNames": ["a"]}}]})
+    assert got is not None and got[0].optional
+    with pytest.raises(ValidationError) as e:
+        storage_requests({PLUGINS: [{"plugin": "teamwise_storage", "failurePolicy": "maybe",
+                                     "parameters": {"storageConfigNames": ["a"]}}]})
+    assert e.value.field == f"extras.{PLUGINS}[0].failurePolicy"

@@ -477,6 +477,8 @@ class PlannedMount(BaseModel):
     path: str = Field(description="Relative to the server's root; '' the root itself.")
     mountPoint: str
     readOnly: bool
+    optional: bool | None = Field(default=None, description="true: the task runs without it when it fails "
+                                                              "(the plugin's failurePolicy: ignore).")
 
 
 class TaskLaunch(BaseModel):

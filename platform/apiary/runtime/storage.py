@@ -15,12 +15,15 @@ table's timeout: the agent fails the run with :data:`apiary.lifecycle.exitspec.E
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 
 from apiary.errors import PlatformError
 from apiary.mounts.servers import ServerSpec
 from apiary.mounts.table import MountTable
+
+logger = logging.getLogger(__name__)
 
 
 class MountFailed(PlatformError):
@@ -46,9 +49,18 @@ class TaskMounts:
                 spec = ServerSpec(server["name"], server["type"], dict(server["data"]))
                 with self._lock:
                     self._held.add(run_id)
-                root = self.table.acquire(spec, run_id)
-                source = self.table.subdir(root, m.get("path") or "", create=not m.get("readOnly"))
-                binds.append({"source": str(source), "target": m["mountPoint"], "readOnly": bool(m.get("readOnly"))})
+                try:
+                    root = self.table.acquire(spec, run_id)
+                    source = self.table.subdir(root, m.get("path") or "", create=not m.get("readOnly"))
+                except Exception as exc:
+                    if not m.get("optional"):
+                        raise
+                    # failurePolicy: ignore (OpenPAI's plugins): the task runs without this mount.
+                    logger.warning("run=%s storage config %r left out (failurePolicy: ignore): %s", run_id,
+                                   m.get("config"), exc)
+                    continue
+                binds.append({"source": str(source), "target": m["mountPoint"],
+                              "readOnly": bool(m.get("readOnly"))})
         except (KeyError, TypeError) as exc:
             self.release(run_id)
             raise MountFailed(f"malformed storage mount in the assignment: {exc!r}") from None

@@ -38,14 +38,22 @@ SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/li
                "/run", "/sbin", "/sys", "/usr", "/var")
 
 
+#: A runtime plugin's ``failurePolicy`` (OpenPAI's plugins): ``fail`` (the default) fails the task
+#: when the plugin does; ``ignore`` runs the commands without what failed.
+FAILURE_POLICIES = ("fail", "ignore")
+
+
 @dataclass(frozen=True)
 class StorageRequest:
     """One storage config a job names: ``name``; ``mount_path`` where to mount it (None: the
-    config's own mount points); ``field``: the job's field that named it (for errors)."""
+    config's own mount points); ``field``: the job's field that named it (for errors);
+    ``optional``: named by a ``teamwise_storage`` entry with ``failurePolicy: ignore`` (a mount of
+    it that fails is left out and the task runs without it)."""
 
     name: str
     mount_path: str | None
     field: str
+    optional: bool = False
 
 
 def check_mount_point(path: Any, field: str) -> str:
@@ -105,6 +113,9 @@ def _from_plugin(plugins: Any) -> list[StorageRequest] | None:
         if not isinstance(entry, dict) or entry.get("plugin") != TEAMWISE_STORAGE:
             continue
         base = f"extras.{_PLUGINS}[{i}].parameters"
+        policy = entry.get("failurePolicy", "fail")
+        if policy not in FAILURE_POLICIES:
+            raise ValidationError(f"extras.{_PLUGINS}[{i}].failurePolicy", f"must be fail or ignore, got {policy!r}")
         params = entry.get("parameters")
         if params is None:
             continue
@@ -117,7 +128,7 @@ def _from_plugin(plugins: Any) -> list[StorageRequest] | None:
             raise ValidationError(f"{base}.storageConfigNames", "must be a list of storage config names")
         found = (found or []) + [
             StorageRequest(check_config_name(n, f"{base}.storageConfigNames[{j}]"), None,
-                           f"{base}.storageConfigNames[{j}]")
+                           f"{base}.storageConfigNames[{j}]", policy == "ignore")
             for j, n in enumerate(names)]
     return found
 

@@ -266,8 +266,9 @@ class StorageService:
              granted: frozenset[str]) -> list[dict]:
         """What a task of a job mounts now: ``[{"config", "server": {name, type, data}, "path",
         "mountPoint", "readOnly"}]`` in order (``data`` with its secrets: for the node that runs the
-        task only). ``requests`` None: every default config the user is granted (admins: every
-        default config). Raises NoStorageError for a config or server gone since submission,
+        task only; ``"optional": true`` on a mount the task runs without when it fails).
+        ``requests`` None: every default config the user is granted (admins: every default
+        config). Raises NoStorageError for a config or server gone since submission,
         ForbiddenError for a grant revoked since, ValidationError for two mounts on one point."""
         servers, configs = self._view()
         if requests is None:
@@ -291,9 +292,10 @@ class StorageService:
                 if point in points:
                     raise ValidationError("storage", f"two storage configs mount on {point}")
                 points.add(point)
-                out.append({"config": r.name, "server": {"name": server.name, "type": server.type,
-                                                         "data": dict(server.data)},
-                            "path": m.path, "mountPoint": point, "readOnly": m.read_only})
+                mount = {"config": r.name, "server": {"name": server.name, "type": server.type,
+                                                      "data": dict(server.data)},
+                         "path": m.path, "mountPoint": point, "readOnly": m.read_only}
+                out.append({**mount, "optional": True} if r.optional else mount)
         return out
 
 
