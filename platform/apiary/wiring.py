@@ -57,6 +57,7 @@ from apiary.control.proxy import InstanceSecrets
 from apiary.control.proxy import load_key as load_proxy_key
 from apiary.drills.board import DrillBoard
 from apiary.errors import ValidationError
+from apiary.mounts.files import DIR_MODE
 from apiary.mounts.table import MountTable
 from apiary.ops.alertlog import AlertLog
 from apiary.ops.alerts import ActionsConfig, AlertReceiver
@@ -277,6 +278,10 @@ def bootstrap_home_storage(storage: StorageService, directory: Directory, home: 
         return
     root = home / "storage" / HOME_STORAGE
     root.mkdir(parents=True, exist_ok=True)
+    # As every directory the platform makes in storage (apiary.mounts.files.DIR_MODE): tasks run as
+    # changing uids, so anyone may add and only the owner removes. APIARY_HOME above it stays 0700:
+    # tasks reach it only through the bind at /mnt/home.
+    os.chmod(root, DIR_MODE)
     storage.put_server(HOME_STORAGE, "local", {"rootPath": str(root)})
     storage.put_config(HOME_STORAGE, default=False, mount_infos=[
         {"mountPoint": HOME_MOUNT_POINT, "server": HOME_STORAGE, "path": "", "permission": "rw"}])

@@ -104,6 +104,17 @@ def test_data_in_model_out_and_another_group_refused(platform_factory, volume: G
     assert accuracy >= 0.85
     assert f"final test_acc={accuracy:.4f}" in log
 
+    # The one-machine default: apiary up made a local config "home" for the default group.
+    home = admin.storage_config("home")
+    assert home["mountInfos"] == [{"mountPoint": "/mnt/home", "server": "home", "path": "", "permission": "rw"}]
+    local = mnist_job("mnist-home", {"storages": [{"name": "team"}, {"name": "home"}]}, "/mnt/home/run1")
+    job = done(c, admin.as_token(alice).submit(local)["id"])
+    assert job["state"] == "SUCCEEDED", (job, c.logs(job["id"], "train", 0, stream="stderr"))
+    assert [m["config"] for m in c.get(job["id"])["storage"]] == ["team", "home"]
+    assert (p.home / "storage" / "home" / "run1" / "model.npz").exists()
+    shown = cli(p.home, alice, "job", "get", job["id"])
+    assert "/mnt/home" in shown.stdout and "gfs:mnist" in shown.stdout, shown.stdout
+
     # Another group's user: 403 at submission, naming the config, and 403 for its files.
     r = admin.as_token(bob)
     with pytest.raises(Exception) as refused:
