@@ -129,9 +129,9 @@ ADMISSION = [
             names="protocolVersion"),
     Hostile("commands-render-to-10-mb", "POST", "/api/v2/jobs", _AMPLIFIER, "application/json",
             names="10001005 bytes"),
-    Hostile("runtime-plugin-tensorboard", "POST", "/api/v2/jobs",
-            _json_job(extras={_PLUGIN_KEY: [{"plugin": "tensorboard"}]}), "application/json",
-            names="tensorboard"),
+    Hostile("runtime-plugin-unknown", "POST", "/api/v2/jobs",
+            _json_job(extras={_PLUGIN_KEY: [{"plugin": "mlflow_tracker"}]}), "application/json",
+            names="mlflow_tracker"),
     Hostile("json-lone-surrogate", "POST", "/api/v2/jobs",
             _json_job(description="\ud800"), "application/json", names="lone surrogate"),
 ]

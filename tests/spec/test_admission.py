@@ -278,7 +278,7 @@ def test_a_lone_surrogate_in_a_job_names_the_field():
 # --------------------------------------------------------------------------- runtime plugins
 
 
-@pytest.mark.parametrize("plugin", ["ssh", "tensorboard"])
+@pytest.mark.parametrize("plugin", ["ssh", "mlflow_tracker"])
 def test_unimplemented_runtime_plugin_is_refused_naming_it(plugin):
     data = job(extras={RUNTIME_PLUGIN_KEY: [{"plugin": plugin, "parameters": {}}]})
     error = rejection(as_json(data))

@@ -64,10 +64,10 @@ def test_a_malformed_request_is_a_400_naming_its_field(extras: dict, field: str)
     assert e.value.field == field
 
 
-def test_teamwise_storage_is_an_implemented_plugin_and_ssh_is_still_refused() -> None:
+def test_teamwise_storage_is_an_implemented_plugin_and_an_unknown_one_is_refused() -> None:
     parse_job(_job({PLUGINS: [{"plugin": "teamwise_storage", "parameters": {"storageConfigNames": ["a"]}}]}))
     with pytest.raises(ValidationError) as e:
-        parse_job(_job({PLUGINS: [{"plugin": "tensorboard"}]}))
+        parse_job(_job({PLUGINS: [{"plugin": "mlflow_tracker"}]}))
     assert e.value.field == f"extras.{PLUGINS}[0].plugin"
 
 

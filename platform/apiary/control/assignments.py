@@ -154,7 +154,7 @@ class Assignments:
             "job_name": job.name,
             "task_role": task.task_role,
             "index": task.index,
-            "commands": spec.render_commands(task.task_role),
+            "commands": [*self._plugin_commands(spec, task), *spec.render_commands(task.task_role)],
             "env": env,
             "gpus": list(task.gpus or []),
             "image": image,
@@ -167,6 +167,12 @@ class Assignments:
             "probes": probes_to_wire(*parse_probes(spec.extras, task.task_role)),
             **self._mounts(job, spec),
         }
+
+    @staticmethod
+    def _plugin_commands(spec: JobSpec, task: Task) -> list[str]:
+        """What runtime plugins run before the task's commands: TensorBoard (:mod:`apiary.spec.tensorboard`)."""
+        tensorboard = spec.tensorboard_plugin()
+        return tensorboard.commands(task.task_role, task.index) if tensorboard is not None else []
 
     def _mounts(self, job: Job, spec: JobSpec) -> dict:
         """``{"mounts": [...]}`` for the launch (none: ``{}``), or ``{"mountError": why}`` when the

@@ -38,6 +38,8 @@ from apiary.spec.probes import validate_probes
 from apiary.spec.storage import StorageRequest, storage_requests
 from apiary.spec.suggest import did_you_mean, field_names_at
 from apiary.spec.templating import render, rendered_size
+from apiary.spec.tensorboard import PORT_NAME as TENSORBOARD_PORT_NAME
+from apiary.spec.tensorboard import TensorBoardPlugin, tensorboard_plugin
 
 logger = logging.getLogger(__name__)
 
@@ -547,8 +549,18 @@ class JobSpec(_Model):
 
     def port_names(self, task_role: str) -> list[str]:
         """The named ports each instance of ``task_role`` gets (its ``resourcePerInstance.ports``
-        labels, sorted; :func:`apiary.spec.ports.task_ports` chooses the numbers)."""
-        return sorted(self.task_roles[task_role].resource_per_instance.ports or {})
+        labels, and ``tensorboard`` for the role the tensorboard runtime plugin runs on, sorted;
+        :func:`apiary.spec.ports.task_ports` chooses the numbers)."""
+        names = set(self.task_roles[task_role].resource_per_instance.ports or {})
+        tensorboard = self.tensorboard_plugin()
+        if tensorboard is not None and tensorboard.role == task_role:
+            names.add(TENSORBOARD_PORT_NAME)
+        return sorted(names)
+
+    def tensorboard_plugin(self) -> TensorBoardPlugin | None:
+        """The tensorboard runtime plugin (:func:`apiary.spec.tensorboard.tensorboard_plugin`), or None.
+        Raises ValidationError for a malformed entry (checked at submission)."""
+        return tensorboard_plugin(self.extras.model_extra if self.extras else None, list(self.task_roles))
 
     def storage_requests(self) -> tuple[StorageRequest, ...] | None:
         """The storage configs the job names (:func:`apiary.spec.storage.storage_requests`): None
@@ -767,5 +779,6 @@ def parse_job(
     if not stored:
         admission.check_runtime_plugins(spec.extras.model_extra if spec.extras else None)
         spec.storage_requests()  # a malformed storage request is a 400 naming its field
+        spec.tensorboard_plugin()  # and a malformed tensorboard plugin entry
         admission.check_rendered_sizes(spec)
     return spec
