@@ -278,7 +278,7 @@ def test_a_lone_surrogate_in_a_job_names_the_field():
 # --------------------------------------------------------------------------- runtime plugins
 
 
-@pytest.mark.parametrize("plugin", ["ssh", "mlflow_tracker"])
+@pytest.mark.parametrize("plugin", ["mlflow_tracker", "git"])
 def test_unimplemented_runtime_plugin_is_refused_naming_it(plugin):
     data = job(extras={RUNTIME_PLUGIN_KEY: [{"plugin": plugin, "parameters": {}}]})
     error = rejection(as_json(data))
@@ -295,7 +295,7 @@ def test_no_runtime_plugins_is_fine():
 
 
 def test_a_stored_job_with_a_plugin_still_reloads():
-    data = job(extras={RUNTIME_PLUGIN_KEY: [{"plugin": "ssh"}]})
+    data = job(extras={RUNTIME_PLUGIN_KEY: [{"plugin": "mlflow_tracker"}]})
     assert parse_job(as_json(data), stored=True).name == "admission"
 
 

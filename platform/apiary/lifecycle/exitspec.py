@@ -27,6 +27,7 @@ __all__ = [
     "EXIT_LIVENESS_FAILED",
     "EXIT_NODE_LOST",
     "EXIT_PREEMPTED",
+    "EXIT_SSH_BARRIER_TIMEOUT",
     "EXIT_STOPPED",
     "EXIT_SUCCEEDED",
     "UNDEFINED_NEGATIVE_EXIT",
@@ -85,6 +86,11 @@ EXIT_MOUNT_FAILED = -1006
 #: without counting jobRetryCount. -300 is the closest entry that says "the platform stopped it, cause
 #: unknown" and has a bounded reaction (RETRY_TO_MAX counts against jobRetryCount).
 EXIT_LIVENESS_FAILED = -300
+
+#: 249 "PAIRuntimeSSHBarrierTimeout" (PLATFORM_FAILURE, PERMANENT, NEVER_RETRY): "SSH barrier reaches max
+#: retry count". Issued by a task of a job with the ssh runtime plugin's ``sshbarrier`` when some peer's
+#: sshd did not answer within ``sshbarrierTimeout`` minutes (:mod:`apiary.runtime.sshd`).
+EXIT_SSH_BARRIER_TIMEOUT = 249
 
 #: 256 "PAIRuntimeExitAbnormally": the spec's shadow fallback for every undefined positive exit code.
 UNDEFINED_POSITIVE_EXIT = 256

@@ -63,10 +63,11 @@ MAX_RENDERED_BYTES = 1_048_576
 #: ``{plugin: <name>, parameters: {...}}``, e.g. ``ssh``, ``teamwise_storage``, ``tensorboard``).
 RUNTIME_PLUGIN_KEY = "com.microsoft.pai.runtimeplugin"
 #: The runtime plugins Apiary implements: ``teamwise_storage`` (its storage configs are mounted
-#: into every task: :mod:`apiary.spec.storage`) and ``tensorboard`` (TensorBoard behind the API's
-#: proxy: :mod:`apiary.spec.tensorboard`). Any other (``ssh``, ``git``) is refused: a job that names
-#: it would silently run without what it asked for.
-IMPLEMENTED_RUNTIME_PLUGINS: frozenset[str] = frozenset({"teamwise_storage", "tensorboard"})
+#: into every task: :mod:`apiary.spec.storage`) and ``ssh`` (an sshd in every task, the job's key
+#: pair, the barrier: :mod:`apiary.spec.ssh`) and ``tensorboard`` (TensorBoard behind the API's proxy:
+#: :mod:`apiary.spec.tensorboard`). Any other (``git``, ``cmd``) is refused: a job that names it
+#: would silently run without what it asked for.
+IMPLEMENTED_RUNTIME_PLUGINS: frozenset[str] = frozenset({"teamwise_storage", "ssh", "tensorboard"})
 
 _NUL_REASON = ("contains a NUL character (\\x00), which no string of a job may hold "
                "(no command line, environment variable or file name can carry one)")

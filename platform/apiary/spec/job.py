@@ -35,6 +35,7 @@ from pydantic_core import PydanticCustomError
 from apiary.errors import ValidationError
 from apiary.spec import admission, safeyaml
 from apiary.spec.probes import validate_probes
+from apiary.spec.ssh import SSH_PORT_NAME, SshPlugin, ssh_plugins
 from apiary.spec.storage import StorageRequest, storage_requests
 from apiary.spec.suggest import did_you_mean, field_names_at
 from apiary.spec.templating import render, rendered_size
@@ -549,9 +550,11 @@ class JobSpec(_Model):
 
     def port_names(self, task_role: str) -> list[str]:
         """The named ports each instance of ``task_role`` gets (its ``resourcePerInstance.ports``
-        labels, and ``tensorboard`` for the role the tensorboard runtime plugin runs on, sorted;
-        :func:`apiary.spec.ports.task_ports` chooses the numbers)."""
+        labels, ``ssh`` when the ssh runtime plugin applies to it, and ``tensorboard`` for the role the
+        tensorboard runtime plugin runs on, sorted; :func:`apiary.spec.ports.task_ports` chooses the numbers)."""
         names = set(self.task_roles[task_role].resource_per_instance.ports or {})
+        if self.ssh_plugin(task_role) is not None:
+            names.add(SSH_PORT_NAME)
         tensorboard = self.tensorboard_plugin()
         if tensorboard is not None and tensorboard.role == task_role:
             names.add(TENSORBOARD_PORT_NAME)
@@ -561,6 +564,15 @@ class JobSpec(_Model):
         """The tensorboard runtime plugin (:func:`apiary.spec.tensorboard.tensorboard_plugin`), or None.
         Raises ValidationError for a malformed entry (checked at submission)."""
         return tensorboard_plugin(self.extras.model_extra if self.extras else None, list(self.task_roles))
+
+    def ssh_plugin(self, task_role: str) -> SshPlugin | None:
+        """The ssh runtime plugin of ``task_role`` (:func:`apiary.spec.ssh.ssh_plugins`), or None."""
+        return self.ssh_plugins().get(task_role)
+
+    def ssh_plugins(self) -> dict[str, SshPlugin]:
+        """``{task role: SshPlugin}`` for the roles the ssh runtime plugin applies to. Raises
+        ValidationError for a malformed entry (checked at submission)."""
+        return ssh_plugins(self.extras.model_extra if self.extras else None, self.task_roles, gang=self.gang)
 
     def storage_requests(self) -> tuple[StorageRequest, ...] | None:
         """The storage configs the job names (:func:`apiary.spec.storage.storage_requests`): None
@@ -779,6 +791,7 @@ def parse_job(
     if not stored:
         admission.check_runtime_plugins(spec.extras.model_extra if spec.extras else None)
         spec.storage_requests()  # a malformed storage request is a 400 naming its field
+        spec.ssh_plugins()  # so is a malformed ssh plugin entry
         spec.tensorboard_plugin()  # and a malformed tensorboard plugin entry
         admission.check_rendered_sizes(spec)
     return spec
