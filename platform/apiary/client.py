@@ -311,6 +311,21 @@ class ApiaryClient:
     def revoke_token(self, token_id: str) -> dict:
         return self._call("DELETE", f"/api/v2/tokens/{token_id}").json()
 
+    # ------------------------------------------------------------------ ssh
+    def ssh_keys(self, user: str) -> builtins.list[dict]:
+        """The SSH public keys on ``user``'s account: ``[{"title", "value", "fingerprint", "created"}]``."""
+        return self._call("GET", f"/api/v2/users/{user}/sshKeys").json()
+
+    def add_ssh_key(self, user: str, title: str, value: str) -> dict:
+        return self._call("POST", f"/api/v2/users/{user}/sshKeys", json={"title": title, "value": value}).json()
+
+    def remove_ssh_key(self, user: str, title: str) -> None:
+        self._call("DELETE", f"/api/v2/users/{user}/sshKeys/{title}")
+
+    def job_ssh(self, job_id: str) -> dict:
+        """OpenPAI's SSH info of a job: ``{"jobId", "login", "hostKeyAlias", "hostPublicKey", "tasks"}``."""
+        return self._call("GET", f"/api/v2/jobs/{job_id}/ssh").json()
+
     # ------------------------------------------------------------------ storage
     def storage_servers(self) -> builtins.list[dict]:
         """Storage servers, secrets redacted (admins)."""

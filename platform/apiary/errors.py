@@ -107,6 +107,12 @@ class NoStorageError(NotFoundError):
     code = "NoStorageError"
 
 
+class NoSshKeyError(NotFoundError):
+    """No SSH public key of that title on the user's account. HTTP 404."""
+
+    code = "NoSshKeyError"
+
+
 class ConflictUserError(ConflictError):
     """A user or group of that name exists already (OpenPAI's ``ConflictUserError``). HTTP 409."""
 

@@ -32,6 +32,7 @@ from apiary.api import create_app
 from apiary.api.access import ACCESS, FLOW_RUN, HIDDEN, ON_BEHALF, Access
 from apiary.auth import Directory
 from apiary.control import ControlPlane
+from apiary.control.jobssh import key_pair
 from apiary.mounts.table import MountTable
 from apiary.ops.alerts import ActionsConfig, AlertReceiver
 from apiary.response.config import ResponseConfig
@@ -241,6 +242,14 @@ def _alices_token(w: World) -> str:
     return r.json()["id"]
 
 
+def _alices_ssh_key(w: World) -> str:
+    title = f"k{next(_seq)}"
+    r = w.client.post("/api/v2/users/alice/sshKeys", json={"title": title, "value": key_pair("authz")[1]},
+                      headers=w.headers["admin"])
+    r.raise_for_status()
+    return title
+
+
 def _incident(w: World) -> str:
     if not hasattr(w, "incident"):
         r = w.client.post("/api/v2/incidents", json={"title": "authz", "severity": "sev2", "jobs": [JOB]},
@@ -317,6 +326,11 @@ REQUESTS: dict[tuple[str, str], Make] = {
     ("POST", "/api/v2/users"): lambda w, who: Target("/api/v2/users", {"json": {"username": f"n{next(_seq)}"}}),
     ("GET", "/api/v2/users/{name}"): lambda w, who: Target("/api/v2/users/alice", user="alice"),
     ("DELETE", "/api/v2/users/{name}"): lambda w, who: Target(f"/api/v2/users/{_fresh_user(w, who)}"),
+    ("GET", "/api/v2/users/{name}/sshKeys"): lambda w, who: Target("/api/v2/users/alice/sshKeys", user="alice"),
+    ("POST", "/api/v2/users/{name}/sshKeys"): lambda w, who: Target("/api/v2/users/alice/sshKeys", {"json": {
+        "title": f"k{next(_seq)}", "value": key_pair("authz")[1]}}, user="alice"),
+    ("DELETE", "/api/v2/users/{name}/sshKeys/{title}"): lambda w, who: Target(
+        f"/api/v2/users/alice/sshKeys/{_alices_ssh_key(w)}", user="alice"),
     ("POST", "/api/v2/groups"): lambda w, who: Target("/api/v2/groups", {"json": {"groupname": f"n{next(_seq)}"}}),
     ("DELETE", "/api/v2/groups/{name}"): lambda w, who: Target(f"/api/v2/groups/{_fresh_group(w, who)}"),
     ("PUT", "/api/v2/groups/{name}/members/{user}"): lambda w, who: Target(

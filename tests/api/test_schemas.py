@@ -84,9 +84,10 @@ def test_every_route_documents_its_answer(client: TestClient) -> None:
                 for code in ("4XX", "5XX"):
                     assert "application/json" in op["responses"][code]["content"], f"{method} {path} {code}"
             seen += 1
-    assert seen == 85  # 26 job, cluster, node, agent and alert routes; 17 identity routes; 2 drill routes; 7 CI
+    assert seen == 89  # 26 job, cluster, node, agent and alert routes; 17 identity routes; 2 drill routes; 7 CI
     # routes; 11 incident and on-call routes (the signed-link pages are left out: they are for browsers); 5 routes
-    # of joining nodes; 12 storage routes; 5 methods of the proxy to a task's port
+    # of joining nodes; 12 storage routes; 4 ssh routes (a user's keys, a job's SSH info); 5 methods of the proxy
+    # to a task's port
     props = spec["components"]["schemas"]
     assert {"retryDetails", "tasks", "waitingReason"} <= set(props["JobJson"]["properties"])
     assert "faultsApplied" in props["NodeReport"]["properties"]
@@ -131,8 +132,8 @@ def test_answers_round_trip_through_their_models_and_equal_the_plane(client: Tes
     (run_id, node), = runs.items()
     assignment = ok(client.get(f"/api/v2/nodes/{node}/assignments"))["assignments"][0]
     assert assignment["probes"]["livenessProbe"]["exec"] == {"command": ["true"]}
-    # Every field but the storage ones, which a launch carries only when the job has storage.
-    assert set(assignment["launch"]) == set(s.TaskLaunch.model_fields) - {"mounts", "mountError"}
+    # Every field but the storage and ssh ones, which a launch carries only when the job has them.
+    assert set(assignment["launch"]) == set(s.TaskLaunch.model_fields) - {"mounts", "mountError", "ssh"}
     assert ok(client.get("/api/v2/nodes/hostname-dan/assignments"))["faults"] == [fault, cleared]
 
     running = {"run_id": run_id, "state": "running", "pid": 7, "started_at": T0}

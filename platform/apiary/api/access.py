@@ -110,6 +110,8 @@ ACCESS: dict[tuple[str, str], Access] = {
     ("PUT", "/api/v2/jobs/{job_id}/flowRun"): _a(*_LINKERS, note="a flow run no other job holds"),
     ("PUT", "/api/v2/flowRuns"): _a(*_LINKERS, note="flow runs no other job holds"),
     ("GET", "/api/v2/jobs/{job_id}/logs"): _a("owner", "admin", "bridge", sees=_JOB_SEES, hidden_to=("user",)),
+    ("GET", "/api/v2/jobs/{job_id}/ssh"): _a("owner", "admin", sees=_JOB_SEES, hidden_to=("user",),
+                                             note="OpenPAI's SSH info; never a private key"),
     ("POST", "/api/v2/logs/query"): _a("admin", "bridge"),
     # the proxy to a task instance's named port: its owner only (websocket upgrades of the same path too)
     **{(method, "/api/v2/jobs/{job_id}/proxy/{role}/{index}/{port}/{path}"): _a(
@@ -143,6 +145,9 @@ ACCESS: dict[tuple[str, str], Access] = {
     ("GET", "/api/v2/groups"): _a("admin"),
     ("POST", "/api/v2/groups"): _a("admin"),
     ("DELETE", "/api/v2/groups/{name}"): _a("admin", note="never the last admins' group (409 LastAdminError)"),
+    ("GET", "/api/v2/users/{name}/sshKeys"): _a("admin", "self"),
+    ("POST", "/api/v2/users/{name}/sshKeys"): _a("admin", "self"),
+    ("DELETE", "/api/v2/users/{name}/sshKeys/{title}"): _a("admin", "self"),
     ("PUT", "/api/v2/groups/{name}/members/{user}"): _a("admin"),
     ("DELETE", "/api/v2/groups/{name}/members/{user}"): _a("admin", note="never the last admin (409)"),
     ("PUT", "/api/v2/groups/{name}/virtualClusters/{vc}"): _a("admin"),

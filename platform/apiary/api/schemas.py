@@ -508,6 +508,10 @@ class TaskLaunch(BaseModel):
     mountError: str | None = Field(default=None, description="Why the task's storage cannot be mounted now (a "
                                                              "config deleted or a grant revoked since submission): "
                                                              "the node fails the run with it.")
+    ssh: dict[str, Any] | None = Field(
+        default=None, description="OpenPAI's ssh runtime plugin (absent: none): the task's sshd port, login, "
+                                  "authorized keys, the job's host key and key pair (secrets, for the node that "
+                                  "runs the task only), its peers and barrier (apiary.control.jobssh).")
 
 
 class TaskLabels(BaseModel):

@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 
 from apiary.auth import tokens
 from apiary.auth.principal import SERVICES, Kind, Principal
+from apiary.auth.sshkeys import SshKeys
 from apiary.errors import (
     ConflictError,
     ConflictUserError,
@@ -124,6 +125,8 @@ class Directory:
         # Held from the last-admin check to the commit of a write that may remove an admin: two
         # admins removing each other at once would otherwise both see the other still there.
         self._admin_writes = threading.Lock()
+        #: Users' SSH public keys (:class:`apiary.auth.sshkeys.SshKeys`: list, add, remove).
+        self.ssh_keys = SshKeys(sessions, clock)
 
     # ------------------------------------------------------------------ verification
     def authenticate(self, token: str | None) -> Principal:

@@ -34,6 +34,8 @@ def add_identity_commands(app: typer.Typer, client: Callable[..., Any], fail: Ca
     app.add_typer(user_app, name="user")
     app.add_typer(group_app, name="group")
     app.add_typer(token_app, name="token")
+    ssh_key_app = typer.Typer(no_args_is_help=True, help="SSH public keys on your account (the ssh runtime plugin).")
+    user_app.add_typer(ssh_key_app, name="ssh-key")
 
     def call(fn: Callable[[], Any]) -> Any:
         try:
@@ -141,6 +143,43 @@ def add_identity_commands(app: typer.Typer, client: Callable[..., Any], fail: Ca
     def revoke(group: str, vc: str) -> None:
         call(lambda: client().set_grant(group, vc, False))
         print(f"{group} may no longer use {vc}")
+
+    def whose(user: str | None) -> str:
+        return user or call(lambda: client().me())["name"]
+
+    @ssh_key_app.command("add")
+    def ssh_key_add(
+        key: str = typer.Argument(..., help="A public key file (e.g. ~/.ssh/id_ed25519.pub), or '-' for stdin."),
+        title: str | None = typer.Option(None, "--title", help="A name for the key; default: the file's name."),
+        user: str | None = typer.Option(None, "--user", help="Another user's account (admins only)."),
+    ) -> None:
+        """Keep a public key on your account: tasks of your jobs with the ssh plugin let it in."""
+        from pathlib import Path
+
+        text = sys.stdin.read() if key == "-" else Path(key).expanduser().read_text()
+        name = title or ("stdin" if key == "-" else Path(key).name.removesuffix(".pub"))
+        k = call(lambda: client().add_ssh_key(whose(user), name, text.strip()))
+        print(f"added SSH key {k['title']} ({k['fingerprint']})")
+
+    @ssh_key_app.command("list")
+    def ssh_key_list(user: str | None = typer.Option(None, "--user", help="Another user's (admins only)."),
+                     as_json: bool = typer.Option(False, "--json")) -> None:
+        """The public keys on your account."""
+        keys = call(lambda: client().ssh_keys(whose(user)))
+        if as_json:
+            print(json.dumps(keys, indent=2))
+            return
+        table = Table("title", "type", "fingerprint", "added")
+        for k in keys:
+            table.add_row(k["title"], k["value"].split()[0], k["fingerprint"], _when(k["created"]))
+        console.print(table)
+
+    @ssh_key_app.command("remove")
+    def ssh_key_remove(title: str, user: str | None = typer.Option(
+            None, "--user", help="Another user's (admins only).")) -> None:
+        """Remove a key: tasks launched from now on no longer let it in."""
+        call(lambda: client().remove_ssh_key(whose(user), title))
+        print(f"removed SSH key {title}")
 
     @token_app.command("create")
     def token_create(

@@ -32,6 +32,7 @@ from apiary.cli.identity import add_identity_commands
 from apiary.cli.image import image_app
 from apiary.cli.incident import incident_app, oncall_command
 from apiary.cli.jobopen import add_job_open_command
+from apiary.cli.jobssh import add_job_ssh_command
 from apiary.cli.join import agent_join, bootstrap_token_app
 from apiary.cli.load import load_app
 from apiary.cli.rollout import add_rollout_commands
@@ -70,6 +71,7 @@ app.add_typer(storage_app, name="storage")
 app.command("hollow-nodes")(hollow_nodes)
 app.command("oncall")(oncall_command)
 add_identity_commands(app, lambda token=None: _client(token), lambda e: _fail(e))
+add_job_ssh_command(job_app, lambda: _client(), lambda e: _fail(e), lambda: _settings().home_dir)
 add_job_open_command(job_app, lambda: _client(), lambda: _settings().resolved_token(), lambda e: _fail(e))
 console = Console()
 

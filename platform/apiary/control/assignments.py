@@ -11,6 +11,7 @@ from collections.abc import Callable
 from sqlalchemy import and_, select
 
 from apiary.control.cache import PlaneCache
+from apiary.control.jobssh import JobSsh
 from apiary.control.node_service import ACTIVE_TASK_STATES
 from apiary.control.proxy import SECRET_ENV as PROXY_SECRET_ENV
 from apiary.control.views import latest_tasks
@@ -38,6 +39,8 @@ class Assignments:
         #: ``instance_secrets(run_id) -> secret``: each launch's ``APIARY_PROXY_TOKEN``, which the API's
         #: proxy presents to the task (:class:`apiary.control.proxy.InstanceSecrets`); None: no secret.
         self.instance_secrets: Callable[[str], str] | None = None
+        #: The ssh runtime plugin's keys and each launch's ``ssh`` (:mod:`apiary.control.jobssh`).
+        self.ssh = JobSsh(cache.sessions)
 
     def answer(self, node: str) -> dict:
         """The long poll's answer for ``node``: ``{"generation", "assignments", "faults"}``.
@@ -166,6 +169,7 @@ class Assignments:
             "ports": dict(tr.resource_per_instance.ports or {}),
             "probes": probes_to_wire(*parse_probes(spec.extras, task.task_role)),
             **self._mounts(job, spec),
+            **self.ssh.launch(job, spec, task, host_ips, ports),
         }
 
     @staticmethod

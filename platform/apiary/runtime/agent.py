@@ -442,6 +442,8 @@ class NodeAgent:
         try:
             spec = dict(a["launch"])
             env = self._env(spec["env"], spec.get("gpus"))
+            if spec.get("ssh") and not self.backend.runs_ssh:
+                raise PlatformError(f"the {self.backend.name} runtime does not run the ssh runtime plugin")
             if self.fenced:
                 logger.warning("node=%s run=%s launch deferred: the node is self-fenced", self.node, run_id)
                 return
@@ -928,7 +930,7 @@ def _secret_values(launch: object) -> list[str]:
     if not isinstance(launch, dict):
         return []
     values: list[object] = []
-    for key in ("commands", "env", "image_auth"):
+    for key in ("commands", "env", "image_auth", "ssh"):
         item = launch.get(key)
         if isinstance(item, dict):
             values += list(item.values())

@@ -57,6 +57,8 @@ class TaskLaunch:
     ``mounts``: the task's storage as bind mounts, ``[{"source": <directory on this node>,
     "target": <absolute path in the task>, "readOnly": bool}]`` (:mod:`apiary.runtime.storage`
     mounted the servers); every backend makes ``source`` appear at ``target``, read-only when asked.
+    ``ssh``: OpenPAI's ssh runtime plugin for this task (:mod:`apiary.control.jobssh` gives its
+    shape: port, login, keys, peers, barrier), or ``None``; only a backend with ``runs_ssh`` runs it.
     """
 
     run_id: str
@@ -78,6 +80,7 @@ class TaskLaunch:
     ports: dict[str, int] = field(default_factory=dict)
     probes: dict = field(default_factory=dict)
     mounts: list[dict] = field(default_factory=list)
+    ssh: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,9 @@ class RuntimeBackend(ABC):
     #: True when the backend hands the task role's probes to its own runtime (Kubernetes'
     #: kubelet); the node agent then does not probe the task a second time.
     runs_probes: bool = False
+    #: True when the backend runs a task's sshd (:attr:`TaskLaunch.ssh`); the node agent refuses an
+    #: ssh launch on the others rather than run the task without it.
+    runs_ssh: bool = False
 
     @abstractmethod
     def launch(self, task: TaskLaunch) -> TaskStatus:

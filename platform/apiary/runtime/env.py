@@ -23,6 +23,8 @@ Variable                                   Source in OpenPAI
 ``PAI_CONTAINER_HOST_IP``                  OpenPAI job docs (same value, newer name)
 ``PAI_CONTAINER_HOST_PORT_LIST``           OpenPAI job docs: ``name:p1,p2;name2:p3``
 ``PAI_CONTAINER_HOST_<port>_PORT_LIST``    OpenPAI job docs: this instance's ports of a name
+``PAI_CONTAINER_SSH_PORT``                 openpai-runtime ``framework_parser.py``: this
+                                           instance's ``ssh`` port (the ssh runtime plugin)
 ``FC_FRAMEWORK_ATTEMPT_ID``                FrameworkController's attempt annotation, which
                                            OpenPAI pods see; 0 for the first attempt
 ``PAI_JOB_ATTEMPT_ID``                     Apiary alias of ``FC_FRAMEWORK_ATTEMPT_ID``
@@ -156,6 +158,8 @@ def build_task_env(
             if (role, i) == current:
                 env[f"PAI_CONTAINER_HOST_{port_name}_PORT_LIST"] = str(port)
     mine = (ports or {}).get(current) or {}
+    if "ssh" in mine:
+        env["PAI_CONTAINER_SSH_PORT"] = str(mine["ssh"])
     if mine:
         env["PAI_CONTAINER_HOST_PORT_LIST"] = ";".join(f"{n}:{p}" for n, p in mine.items())
     env.update(gpu_env(gpus))

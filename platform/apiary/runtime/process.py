@@ -91,6 +91,7 @@ from typing import Any
 import psutil
 
 from apiary.errors import PlatformError, ValidationError
+from apiary.runtime import sshd
 from apiary.runtime.base import LogStream, RuntimeBackend, TaskLaunch, TaskStatus
 from apiary.runtime.env import gpu_env
 from apiary.runtime.isolation import TaskIdentity, UidPool, grant_search
@@ -153,18 +154,20 @@ exit "$rc"
 
 _SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
 
-# A task's storage (TaskLaunch.mounts): the wrapper runs the uid switch under
+# A task's storage (TaskLaunch.mounts) and, with the ssh plugin, its private /etc/passwd and
+# /etc/group (apiary.runtime.sshd): the wrapper runs the uid switch under
 # ``unshare --mount --propagation private``, and this script (root, in the task's new mount
 # namespace) binds each source at its target, read-only where asked, then execs the rest of the
 # command line. The binds exist only in the task's namespace: nothing else on the node sees them,
 # and they go when its last process does. A missing target directory is created on the node's file
-# system (the namespace shares it); spec.storage keeps targets off the system's directories.
+# system (the namespace shares it) for a directory's bind; a file is bound over an existing file.
+# spec.storage keeps storage targets off the system's directories.
 # $1 the mounts record (NUL-separated "source" "target" "ro|rw" triples), then the command.
 _MOUNTS = r"""# Apiary task storage (generated; see apiary.runtime.process).
 set -eu
 record="$1"; shift
 while IFS= read -r -d "" src && IFS= read -r -d "" dst && IFS= read -r -d "" mode; do
-  mkdir -p -- "$dst"
+  if [ -d "$src" ]; then mkdir -p -- "$dst"; fi
   mount --bind -- "$src" "$dst"
   if [ "$mode" = ro ]; then mount -o remount,bind,ro -- "$dst"; fi
 done <"$record"
@@ -256,6 +259,7 @@ class ProcessBackend(RuntimeBackend):
     """
 
     name = "process"
+    runs_ssh = True
 
     def __init__(
         self,
@@ -352,6 +356,12 @@ class ProcessBackend(RuntimeBackend):
                 raise PlatformError(f"cannot launch {task.run_id}: setpriv (util-linux) is not installed")
             if task.workdir is not None and not os.path.isdir(task.workdir):
                 raise PlatformError(f"cannot launch {task.run_id}: workdir {task.workdir} is not a directory")
+            if task.ssh is not None and not isolated:
+                raise PlatformError(f"cannot launch {task.run_id}: the ssh runtime plugin runs the task's sshd as "
+                                    "its own uid, which needs the agent to run as root")
+            if task.ssh is not None and not (os.access(sshd.SSHD, os.X_OK) and os.access(sshd.SSH, os.X_OK)):
+                raise PlatformError(f"cannot launch {task.run_id}: the ssh runtime plugin needs OpenSSH's "
+                                    f"{sshd.SSHD} and {sshd.SSH} on the node (Debian: openssh-server, openssh-client)")
             env = _base_env()
             env.update(task.env)
             env.update(gpu_env(task.gpus))
@@ -378,23 +388,33 @@ class ProcessBackend(RuntimeBackend):
     def _write_records(self, task: TaskLaunch, run_dir: Path, env: dict[str, str],
                        ident: TaskIdentity | None) -> Path:
         """Write every record of a launch (module doc); the script the wrapper runs. Raises OSError."""
-        launch_record: dict[str, Any] = {k: v for k, v in asdict(task).items() if k != "env"}
+        launch_record: dict[str, Any] = {k: v for k, v in asdict(task).items() if k not in ("env", "ssh")}
+        if task.ssh is not None:  # its keys stay out of the record: sshd.prepare writes them for the task
+            launch_record["ssh"] = {k: v for k, v in task.ssh.items() if k not in ("hostKey", "jobKey")}
         launch_record["env_keys"] = sorted(task.env)
         launch_record["created_at"] = time.time()
         launch_record["task_uid"] = ident.uid if ident else os.geteuid()
         _write_atomic(run_dir / "launch.json", json.dumps(launch_record, indent=2) + "\n")
-        script = "# Apiary task commands (generated).\nset -e\n" + "".join(f"{cmd}\n" for cmd in task.commands)
+        prelude = sshd.prelude(task.ssh) if task.ssh is not None else ""
+        script = ("# Apiary task commands (generated).\nset -e\n" + prelude
+                  + "".join(f"{cmd}\n" for cmd in task.commands))
         _write_atomic(run_dir / "script.sh", script)
         _write_atomic(run_dir / "wrapper.sh", _WRAPPER)
-        if task.mounts:
-            _write_atomic(run_dir / "mounts.sh", _MOUNTS)
-            _write_private(run_dir / "mounts", b"".join(
-                f"{m['source']}\0{m['target']}\0{'ro' if m['readOnly'] else 'rw'}\0".encode() for m in task.mounts))
         if ident is not None:
             env = {**env, "HOME": str(ident.home), "TMPDIR": str(ident.home),
                    "USER": f"apiary-{ident.uid}", "LOGNAME": f"apiary-{ident.uid}"}
             env.update(task.env)
             env.update(gpu_env(task.gpus))
+        binds = list(task.mounts)
+        if task.ssh is not None and ident is not None:
+            try:
+                binds += sshd.prepare(task.ssh, uid=ident.uid, home=ident.home, run_dir=run_dir, env=env)
+            except ValueError as exc:
+                raise OSError(f"malformed ssh launch: {exc}") from None
+        if binds:
+            _write_atomic(run_dir / "mounts.sh", _MOUNTS)
+            _write_private(run_dir / "mounts", b"".join(
+                f"{m['source']}\0{m['target']}\0{'ro' if m['readOnly'] else 'rw'}\0".encode() for m in binds))
         _write_private(run_dir / "env", b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
         _preallocate_slot(run_dir / "started", STARTED_SLOT)
         _preallocate_slot(run_dir / "exit_code", EXIT_SLOT)
@@ -417,7 +437,7 @@ class ProcessBackend(RuntimeBackend):
             raise PlatformError(f"cannot write the launch record of {task.run_id}: {exc}") from exc
         cwd = task.workdir or (str(ident.home) if ident else os.getcwd())
         drop = ident.drop_argv(setpriv) if ident is not None and setpriv else []
-        if task.mounts:
+        if task.mounts or task.ssh is not None:
             drop = [*self._mount_argv(task, bash, run_dir), *drop]
         try:
             proc = subprocess.Popen(

@@ -519,3 +519,35 @@ class Lease(Base):
     acquired: Mapped[float] = mapped_column(Float, default=0.0)
     renewed: Mapped[float] = mapped_column(Float, default=0.0)
     duration_s: Mapped[float] = mapped_column(Float, default=15.0)
+
+
+class UserSshKey(Base):
+    """An SSH public key on a user's account (OpenPAI's user extension ``sshKeys``: title, value,
+    time): every task of the user's jobs with the ssh runtime plugin lets it in. ``value`` is one
+    checked authorized_keys line (:func:`apiary.spec.ssh.check_public_key`); the row goes with the
+    user."""
+
+    __tablename__ = "user_ssh_keys"
+
+    user: Mapped[str] = mapped_column(ForeignKey("users.name", ondelete="CASCADE"), primary_key=True)
+    title: Mapped[str] = mapped_column(String(100), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+    created: Mapped[float] = mapped_column(Float)
+
+
+class JobSshKey(Base):
+    """The key pairs of a job with the ssh runtime plugin, made by the control plane the first time
+    one of its tasks is assigned to a node (OpenPAI's user extension ``jobSSH``, but one per job):
+    ``private_key``/``public_key`` the instances' shared client key (``jobssh``), ``host_private_key``/
+    ``host_public_key`` the host key every instance's sshd presents, so peers and the user check it
+    strictly. OpenSSH formats, Ed25519. The private keys are secrets: sent only to the nodes that run
+    the job's tasks, never answered by the API, never logged."""
+
+    __tablename__ = "job_ssh_keys"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    private_key: Mapped[str] = mapped_column(Text)
+    public_key: Mapped[str] = mapped_column(Text)
+    host_private_key: Mapped[str] = mapped_column(Text)
+    host_public_key: Mapped[str] = mapped_column(Text)
+    created: Mapped[float] = mapped_column(Float)

@@ -12,10 +12,12 @@ from apiary.api.routers import (
     jobs,
     nodes,
     proxy,
+    ssh,
     storages,
 )
 
 ALL = (jobs.router, cluster.router, nodes.router, alerts.router, agents.router, identity.router, drills.router,
-       ci.router, ci_records.router, incidents.router, storages.router, proxy.router)
+       ci.router, ci_records.router, incidents.router, storages.router, proxy.router,
+       ssh.router)
 
 __all__ = ["ALL"]
