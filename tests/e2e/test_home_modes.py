@@ -71,10 +71,17 @@ def umask_022() -> Iterator[None]:
 
 def open_to_others(home: Path) -> list[str]:
     """``"<mode> <path>"`` of every file or directory under ``home`` (itself included) that its
-    group or others may read, write or enter."""
+    group or others may read, write or enter. The storage ``apiary up`` makes (``home/storage/home``,
+    1777: tasks of changing uids write their outputs there) is left out, and ``home/storage`` must
+    be 0700: tasks reach that directory only through the bind at their mount point."""
     found = []
+    storage = home / "storage"
+    if storage.exists() and stat.S_IMODE(storage.stat().st_mode) != 0o700:
+        found.append(f"{stat.S_IMODE(storage.stat().st_mode):o} {storage.relative_to(home.parent)}")
     for path in [home, *sorted(home.rglob("*"))]:
         mode = stat.S_IMODE(path.lstat().st_mode)
+        if storage in path.parents and path != storage / ".bootstrapped":
+            continue
         if not path.is_symlink() and mode & 0o077:
             found.append(f"{mode:o} {path.relative_to(home.parent)}")
     return found

@@ -51,7 +51,7 @@ def test_local_server_is_its_directory(tmp_path: Path) -> None:
 
 def test_root_layout_modes(tmp_path: Path) -> None:
     t = MountTable(tmp_path / "m")
-    assert stat.S_IMODE(t.root.stat().st_mode) == 0o711
+    assert stat.S_IMODE(t.root.stat().st_mode) == 0o700
     assert stat.S_IMODE(t.private.stat().st_mode) == 0o700
 
 

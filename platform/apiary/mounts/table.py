@@ -9,7 +9,7 @@ one too, to reach storage for the files API.
 
 On disk, under ``root``::
 
-    root/                          0711: tasks (other uids) traverse it to their mounts, not list it
+    root/                          0700: tasks see their storage only through the runtime's binds
         <name>-<hash>/             a mount point (the server's root once mounted)
         .private/                  0700
             holders/<name>-<hash>.json   0600: {"name", "type", "target", "holders": [...]}
@@ -108,15 +108,15 @@ class MountTable:
     """The storage mounts of one node (module doc). Thread-safe, and safe across processes that
     share ``root`` (per-server ``flock``). Needs root (``mount``, FUSE's ``allow_other``).
 
-    ``root`` is created (0711) if missing. ``timeout_s`` bounds each mount command (seconds).
+    ``root`` is created (0700) if missing. ``timeout_s`` bounds each mount command (seconds).
     """
 
     def __init__(self, root: Path | str, *, timeout_s: float = 20.0) -> None:
         if timeout_s <= 0:
             raise ValidationError("timeout_s", f"must be > 0, got {timeout_s}")
         base = Path(root)
-        base.mkdir(mode=0o711, parents=True, exist_ok=True)
-        os.chmod(base, 0o711)
+        base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(base, 0o700)
         self.root = Path(os.path.realpath(base))  # mountinfo lists real paths
         self.timeout_s = timeout_s
         self.private = procutil.private_dir(self.root / ".private")
