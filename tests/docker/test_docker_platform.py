@@ -131,11 +131,10 @@ def test_lab6_demo_passes_with_the_docker_runtime(docker_client):
 def test_mnist_reads_and_writes_glusterfs_storage_through_bind_mounts(platform, docker_client, tmp_path):
     """The Docker runtime mounts a job's storage as bind mounts of the node's GlusterFS mount:
     Lab 6's mnist reads the uploaded digits set and writes its model, which comes back and loads."""
-    import importlib.util
-
     import numpy as np
     import yaml
     from tests.support.dfs import loopback_gluster
+    from tests.support.mnist import load_mnist
 
     p, c = platform
     admin = c.admin
@@ -143,10 +142,7 @@ def test_mnist_reads_and_writes_glusterfs_storage_through_bind_mounts(platform, 
         admin.put_storage_server("gfs-docker", "glusterfs", volume.server_data())
         admin.put_storage_config("team-docker", [{"mountPoint": "/mnt/team", "server": "gfs-docker", "path": "m"}])
         admin.set_storage_grant("default", "team-docker")
-        spec = importlib.util.spec_from_file_location("mnist_main", REPO_ROOT / "examples" / "mnist" / "main.py")
-        assert spec is not None and spec.loader is not None
-        mnist = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mnist)
+        mnist = load_mnist()
         mnist.main(["--export-data", str(tmp_path / "digits.npz")])
         admin.storage_upload("team-docker", "data/digits.npz", tmp_path / "digits.npz")
         doc = yaml.safe_load(job_text(0))

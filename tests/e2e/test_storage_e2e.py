@@ -6,7 +6,6 @@ attempt in seconds as the platform's failure, retried."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 import yaml
 from tests.support.dfs import loopback_gluster
+from tests.support.mnist import load_mnist
 from tests.support.polling import done, until
 
 from apiary.embedded import REPO_ROOT
@@ -27,7 +27,6 @@ from apiary.lifecycle import EXIT_MOUNT_FAILED
 pytestmark = [pytest.mark.e2e, pytest.mark.dfs, pytest.mark.timeout(600),
               pytest.mark.skipif(os.geteuid() != 0, reason="mounting GlusterFS and binding storage need root")]
 
-MNIST = REPO_ROOT / "examples" / "mnist" / "main.py"
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +51,6 @@ def cli(home: Path, token: str, *args: str) -> subprocess.CompletedProcess[str]:
     env.pop("APIARY_API_URL", None)
     return subprocess.run([sys.executable, "-m", "apiary", *args], env=env, capture_output=True, text=True,
                           timeout=120)
-
-
-def load_mnist():
-    spec = importlib.util.spec_from_file_location("mnist_main", MNIST)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_data_in_model_out_and_another_group_refused(platform_factory, volume: GlusterVolume,

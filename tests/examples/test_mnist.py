@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -10,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.support.mnist import load_mnist
 
 ROOT = Path(__file__).resolve().parents[2]
 MAIN = ROOT / "examples" / "mnist" / "main.py"
@@ -53,13 +53,7 @@ def test_ten_epochs_at_lr_0_1_learn_the_digits() -> None:
     assert float(lines[-1][3]) < float(lines[0][3])  # the loss went down
 
 
-def load_main():
-    """examples/mnist/main.py as a module (``examples`` is no package), to call ``main`` in process."""
-    spec = importlib.util.spec_from_file_location("mnist_main", MAIN)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+load_main = load_mnist
 
 
 def test_lab6_arguments_learn_the_digits_in_one_epoch(capsys: pytest.CaptureFixture[str],

@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import bindparam, delete, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy import bindparam, delete, inspect, or_, select
+from sqlalchemy.orm import Mapper, Session
 
 from apiary.auth import tokens
 from apiary.auth.principal import SERVICES, Kind, Principal
@@ -377,30 +377,28 @@ class Directory:
 
     def set_grant(self, group: str, virtual_cluster: str, granted: bool = True) -> dict:
         """Grant ``group`` the use of ``virtual_cluster`` (or take it back). Idempotent."""
-        with UnitOfWork(self._sessions, "group grant") as uow:
-            s = uow.s
-            if s.get(Group, group) is None:
-                raise NoGroupError(f"Group {group} not found.")
-            row = s.get(GroupGrant, (group, virtual_cluster))
-            if granted and row is None:
-                s.add(GroupGrant(group=group, virtual_cluster=virtual_cluster))
-            elif not granted and row is not None:
-                s.delete(row)
-            uow.after_commit(self._users_changed)
-        return self.get_group(group)
+        return self._set_group_row(group, GroupGrant(group=group, virtual_cluster=virtual_cluster), granted,
+                                   "group grant")
 
     def set_storage_grant(self, group: str, config: str, granted: bool = True) -> dict:
         """Grant ``group`` the use of storage config ``config`` (or take it back; the caller checks
         the config exists). Idempotent. Raises NoGroupError."""
-        with UnitOfWork(self._sessions, "group storage grant") as uow:
+        return self._set_group_row(group, GroupStorageGrant(group=group, config=config), granted,
+                                   "group storage grant")
+
+    def _set_group_row(self, group: str, row: GroupGrant | GroupStorageGrant, present: bool, what: str) -> dict:
+        """Make ``row`` (a grant of ``group``, keyed by its primary key) present or absent, in one unit
+        of work; the group as :meth:`get_group` shows it. Raises NoGroupError."""
+        with UnitOfWork(self._sessions, what) as uow:
             s = uow.s
             if s.get(Group, group) is None:
                 raise NoGroupError(f"Group {group} not found.")
-            row = s.get(GroupStorageGrant, (group, config))
-            if granted and row is None:
-                s.add(GroupStorageGrant(group=group, config=config))
-            elif not granted and row is not None:
-                s.delete(row)
+            mapper: Mapper = inspect(type(row))
+            stored = s.get(type(row), mapper.primary_key_from_instance(row))
+            if present and stored is None:
+                s.add(row)
+            elif not present and stored is not None:
+                s.delete(stored)
             uow.after_commit(self._users_changed)
         return self.get_group(group)
 
