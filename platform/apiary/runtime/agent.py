@@ -62,8 +62,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 import httpx
 
 from apiary.client import check_token_transport
-from apiary.errors import PlatformError, UnavailableError, ValidationError
-from apiary.lifecycle import EXIT_LAUNCH_FAILED, EXIT_LIVENESS_FAILED, EXIT_MOUNT_FAILED, EXIT_NODE_LOST
+from apiary.errors import UnavailableError, ValidationError
+from apiary.lifecycle import EXIT_LAUNCH_FAILED, EXIT_LIVENESS_FAILED, EXIT_NODE_LOST
 from apiary.procutil import write_probe
 from apiary.runtime.base import RuntimeBackend, TaskLaunch, TaskStatus
 from apiary.runtime.beat import HeartbeatTimer
@@ -77,9 +77,9 @@ from apiary.runtime.link import (
     Replicas,
     all_loopback,
 )
-from apiary.runtime.ports import EXIT_PORT_CONFLICT, own_ports, taken
+from apiary.runtime.prelaunch import exit_code_of, settle
 from apiary.runtime.probes import ExecAction, Prober, monotonic_from_wall, probes_from_wire
-from apiary.runtime.storage import MountFailed, TaskMounts
+from apiary.runtime.storage import TaskMounts
 
 if TYPE_CHECKING:  # imported for real in run_agents: agents without metrics never load it
     from apiary.monitoring import NodeExporter
@@ -191,7 +191,7 @@ class NodeAgent:
         self._failed: dict[str, TaskStatus] = {}
         self._stopping: set[str] = set()
         self._sent: dict[str, tuple] = {}
-        self._shipped: dict[tuple[str, str], int] = {}
+        self._shipped: dict[_StreamKey, int] = {}
         self._inline = True  # output rides in reports (NodeReport.logs) unless the control plane ignores it
         self._report_now = asyncio.Event()
         self.beat = HeartbeatTimer()  # when the next bare heartbeat is due (apiary.runtime.beat)
@@ -440,17 +440,11 @@ class NodeAgent:
         error's type and message with the assignment's commands, environment values and registry
         credentials blanked out."""
         try:
-            spec = dict(a["launch"])
-            env = self._env(spec["env"], spec.get("gpus"))
-            if spec.get("ssh") and not self.backend.runs_ssh:
-                raise PlatformError(f"the {self.backend.name} runtime does not run the ssh runtime plugin")
+            env = self._env(a["launch"]["env"], a["launch"].get("gpus"))
             if self.fenced:
                 logger.warning("node=%s run=%s launch deferred: the node is self-fenced", self.node, run_id)
                 return
-            busy = taken(own_ports(env)) if self.backend.name in ("process", "docker") else []
-            if busy:
-                raise PortConflict(f"port(s) {', '.join(busy)} of {run_id} are taken on node {self.node}")
-            spec["mounts"] = self._mount(run_id, spec)
+            spec = settle(run_id, dict(a["launch"]), env, backend=self.backend, mounts=self.mounts, node=self.node)
             launch = TaskLaunch(**{**spec, "workdir": self.workdir, "env": env})
             st = self.backend.launch(launch)
             if self.fenced:  # the node fenced itself while this launch ran: its run must not outlive the fence
@@ -472,8 +466,7 @@ class NodeAgent:
             if self.mounts is not None:
                 self.mounts.release(run_id)
             now = time.time()
-            code = EXIT_MOUNT_FAILED if isinstance(exc, MountFailed) else \
-                EXIT_PORT_CONFLICT if isinstance(exc, PortConflict) else EXIT_LAUNCH_FAILED
+            code = exit_code_of(exc)
             if code != EXIT_LAUNCH_FAILED:
                 self._notes[run_id] = f"apiary: exit code {code}: {why}\n".encode()
             self._failed[run_id] = TaskStatus(run_id=run_id, state="exited", exit_code=code, pid=None,
@@ -484,18 +477,6 @@ class NodeAgent:
                     self._watch_probes(run_id, a["probes"], st, launch)
                 except Exception as exc:  # a malformed probe never fails the task itself
                     logger.error("node=%s run=%s probes not watched: %s", self.node, run_id, describe_error(exc))
-
-    def _mount(self, run_id: str, spec: dict) -> list[dict]:
-        """The run's storage as bind mounts (:class:`~apiary.runtime.storage.TaskMounts`), taking
-        ``mounts`` and ``mountError`` out of ``spec``; raises MountFailed."""
-        planned, error = spec.pop("mounts", None) or [], spec.pop("mountError", None)
-        if error:
-            raise MountFailed(str(error))
-        if not planned:
-            return []
-        if self.mounts is None:
-            raise MountFailed("this node agent mounts no storage (it was started without a mount table)")
-        return self.mounts.prepare(run_id, planned)
 
     def check_recording(self, max_age_s: float = RECORD_PROBE_S) -> str | None:
         """Why the backend cannot record runs now (:func:`recording_problem`), or None when it can.
@@ -619,7 +600,8 @@ class NodeAgent:
         changed = [s for s in statuses if self._sent.get(s.run_id) != _key(s)]
         # New output rides in the report while it is small (a short task's output and its exit
         # in one request); more goes first with POST .../logs, chunk by chunk.
-        inline, rest = self._new_output(statuses)
+        inline, rest = new_output(self.backend, statuses, self._shipped, self._notes,
+                                  MAX_INLINE_LOG_BYTES if self._inline else 0)
         sent = self.contact.clock()  # before anything is sent: the contact is counted from here
         await self._ship_logs(rest)
         now = time.monotonic()
@@ -703,42 +685,6 @@ class NodeAgent:
             self.fenced = False
             logger.warning("node=%s a control plane answers again: self-fencing over, fenced runs=%s are "
                            "reported ended and not launched again", self.node, ",".join(sorted(self._fenced)))
-
-    def _new_output(
-        self, statuses: list[TaskStatus],
-    ) -> tuple[list[tuple[_StreamKey, int, bytes]], list[tuple[_StreamKey, int, int]]]:
-        """The runs' output not shipped yet: ``(inline, rest)``. ``inline``: ``((run id, stream),
-        offset, bytes)`` to send with the report, at most MAX_INLINE_LOG_BYTES in all (none once the
-        control plane turned out to ignore them); ``rest``: ``((run id, stream), offset, size)`` of
-        the streams that did not fit, for :meth:`_ship_logs`."""
-        inline: list[tuple[_StreamKey, int, bytes]] = []
-        rest: list[tuple[_StreamKey, int, int]] = []
-        budget = MAX_INLINE_LOG_BYTES if self._inline else 0
-        for s in statuses:
-            note = self._notes.get(s.run_id)
-            if note is not None and self._shipped.get((s.run_id, "stderr"), 0) == 0 and len(note) <= budget:
-                inline.append(((s.run_id, "stderr"), 0, note))
-                budget -= len(note)
-                continue
-            for stream in _STREAMS:
-                path = self.backend.log_path(s.run_id, stream)
-                if path is None or not path.exists():
-                    continue
-                key: _StreamKey = (s.run_id, stream)
-                offset = self._shipped.get(key, 0)
-                size = path.stat().st_size
-                if size <= offset:
-                    continue
-                if size - offset <= budget:
-                    with path.open("rb") as f:
-                        f.seek(offset)
-                        data = f.read(size - offset)
-                    if data:
-                        inline.append((key, offset, data))
-                        budget -= len(data)
-                else:
-                    rest.append((key, offset, size))
-        return inline, rest
 
     async def _ship_logs(self, streams: list[tuple[_StreamKey, int, int]]) -> None:
         """Send each stream's bytes ``[offset, size)`` with ``POST .../logs``, LOG_CHUNK at a time."""
@@ -920,8 +866,41 @@ def recording_problem(backend: RuntimeBackend) -> str | None:
     return None if problem is None else f"cannot write to {problem}"
 
 
-class PortConflict(PlatformError):
-    """A task's named port is held by another process on the node (:mod:`apiary.runtime.ports`)."""
+def new_output(backend: RuntimeBackend, statuses: list[TaskStatus], shipped: dict[_StreamKey, int],
+               notes: dict[str, bytes], budget: int,
+               ) -> tuple[list[tuple[_StreamKey, int, bytes]], list[tuple[_StreamKey, int, int]]]:
+    """The runs' output not shipped yet (``shipped``: bytes sent per stream): ``(inline, rest)``.
+    ``inline``: ``((run id, stream), offset, bytes)`` to send with the report, at most ``budget``
+    bytes in all (0 once the control plane turned out to ignore them); a run's ``notes`` (why the
+    node failed it before it started) are its stderr. ``rest``: ``((run id, stream), offset,
+    size)`` of the streams that did not fit, for :meth:`NodeAgent._ship_logs`."""
+    inline: list[tuple[_StreamKey, int, bytes]] = []
+    rest: list[tuple[_StreamKey, int, int]] = []
+    for s in statuses:
+        note = notes.get(s.run_id)
+        if note is not None and shipped.get((s.run_id, "stderr"), 0) == 0 and len(note) <= budget:
+            inline.append(((s.run_id, "stderr"), 0, note))
+            budget -= len(note)
+            continue
+        for stream in _STREAMS:
+            path = backend.log_path(s.run_id, stream)
+            if path is None or not path.exists():
+                continue
+            key: _StreamKey = (s.run_id, stream)
+            offset = shipped.get(key, 0)
+            size = path.stat().st_size
+            if size <= offset:
+                continue
+            if size - offset <= budget:
+                with path.open("rb") as f:
+                    f.seek(offset)
+                    data = f.read(size - offset)
+                if data:
+                    inline.append((key, offset, data))
+                    budget -= len(data)
+            else:
+                rest.append((key, offset, size))
+    return inline, rest
 
 
 def _secret_values(launch: object) -> list[str]:
