@@ -31,6 +31,7 @@ def test_openpais_plugins_as_documented_run_unmodified(platform_factory, tmp_pat
     share.mkdir()
     os.chmod(share, 0o1777)  # tasks of changing uids write their markers
     (share / "hello.txt").write_text("hello from the team share\n")
+    os.chmod(share / "hello.txt", 0o644)  # whatever umask an earlier test left: tasks run as other uids
     admin = c.admin
     admin.put_storage_server("share-server", "local", {"rootPath": str(share)})
     admin.put_storage_config("PAI_SHARE", [{"mountPoint": "/mnt/share", "server": "share-server"}])

@@ -42,6 +42,7 @@ def dirs() -> Iterator[tuple[Path, Path, str]]:
     share.mkdir()
     os.chmod(share, 0o777)
     (share / "in.txt").write_text("from storage\n")
+    os.chmod(share / "in.txt", 0o644)  # whatever umask an earlier test left: tasks run as other uids
     target = f"/mnt/apiary-test-{os.getpid()}"
     yield d / "state", share, target
     shutil.rmtree(d, ignore_errors=True)
