@@ -224,6 +224,13 @@ def create_app(
     for router in routers.ALL:
         app.include_router(router)
     app.include_router(join.router)
+    # FastAPI builds an included router's routes (their parameter and answer models) when the first
+    # request reaches it; build them now, so no caller's first request pays it (about 100 ms for
+    # these routers on a 2-core machine, bench/README.md "api").
+    for route in app.router.routes:
+        if hasattr(route, "effective_route_contexts"):
+            for _ in route.effective_route_contexts():
+                pass
 
     def openapi() -> dict[str, Any]:
         # FastAPI's document plus the component schemas the job body refers to (it is read from
