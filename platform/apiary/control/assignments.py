@@ -121,8 +121,9 @@ class Assignments:
                     for t in peers if t.node}
         # Each instance's named ports (resourcePerInstance.ports), chosen from its run id
         # (apiary.spec.ports): every peer's are in the environment, as OpenPAI gives them.
-        ports = {(t.task_role, t.index): task_ports(t.run_id, spec.port_names(t.task_role))
-                 for t in peers if t.node and t.run_id and spec.port_names(t.task_role)}
+        names = {role: spec.port_names(role) for role in spec.task_roles}
+        ports = {(t.task_role, t.index): task_ports(t.run_id, names[t.task_role])
+                 for t in peers if t.node and t.run_id and names[t.task_role]}
         env = build_task_env(
             job_id=job.id,
             user=job.user,

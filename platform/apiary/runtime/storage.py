@@ -37,6 +37,8 @@ class TaskMounts:
         self.table = MountTable(root, timeout_s=timeout_s)
         self._lock = threading.Lock()
         self._held: set[str] = set()
+        # False until the first reconcile: an earlier agent process may have left holders on disk.
+        self._reconciled = False
 
     def prepare(self, run_id: str, planned: list[dict]) -> list[dict]:
         """Mount what ``planned`` needs for ``run_id`` (held until :meth:`release`) and return the
@@ -83,5 +85,8 @@ class TaskMounts:
         """Release every holder that is not in ``live`` (runs still running), including those an
         earlier agent process left (the table keeps its holders on disk)."""
         with self._lock:
+            if self._reconciled and not self._held - live:
+                return  # nothing held by a run that ended: the table's files need not be read
             self._held &= live
+            self._reconciled = True
         self.table.reconcile(live)

@@ -28,14 +28,6 @@ from apiary.storage.service import Config, MountInfo, StorageService
 HOLDER = "control-plane"
 
 
-def split_address(address: str) -> tuple[str, str]:
-    """``CONFIG:PATH`` -> ``(CONFIG, PATH)``; ValidationError (field ``address``) without a ``:``."""
-    config, sep, path = address.partition(":")
-    if not sep or not config:
-        raise ValidationError("address", f"{address!r} is not CONFIG:PATH (e.g. home:data/digits.npz)")
-    return config, path
-
-
 class StorageFiles:
     """Files of storage configs (module doc). ``max_upload_bytes``: the largest file a write
     takes (bytes). Thread-safe as its parts are."""
