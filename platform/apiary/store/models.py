@@ -551,3 +551,26 @@ class JobSshKey(Base):
     host_private_key: Mapped[str] = mapped_column(Text)
     host_public_key: Mapped[str] = mapped_column(Text)
     created: Mapped[float] = mapped_column(Float)
+
+
+class JobTemplate(Base):
+    """A job template of the marketplace (:mod:`apiary.marketplace.templates`): an OpenPAI job YAML
+    (``job_yaml``, whose top-level ``parameters`` are the defaults) with its description.
+    ``owner`` is the user who published it; ``official`` is set by admins only. ``tags`` a list of
+    strings; ``visibility`` ``{virtualClusters: [...], groups: [...]}`` (both empty: everyone);
+    ``parameter_schema`` the refinements of its parameters (:mod:`apiary.spec.template`)."""
+
+    __tablename__ = "job_templates"
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(100), index=True)
+    summary: Mapped[str] = mapped_column(Text, default="")
+    description: Mapped[str] = mapped_column(Text, default="")
+    author: Mapped[str] = mapped_column(String(200), default="")
+    tags: Mapped[list] = mapped_column(JSON)
+    visibility: Mapped[dict] = mapped_column(JSON)
+    parameter_schema: Mapped[dict] = mapped_column(JSON)
+    job_yaml: Mapped[str] = mapped_column(Text)
+    official: Mapped[bool] = mapped_column(Boolean, default=False)
+    created: Mapped[float] = mapped_column(Float)
+    updated: Mapped[float] = mapped_column(Float)

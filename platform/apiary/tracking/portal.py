@@ -27,12 +27,13 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from apiary.errors import ConflictError, UnavailableError, UserError, error_from_response
-from apiary.tracking.source import API_PREFIX, FLOW_RUN_HEADER, service_headers
+from apiary.tracking.source import API_PREFIX, FLOW_RUN_HEADER, ON_BEHALF_HEADER, service_headers
 from apiary.tracking.submit import FINAL_STATES, platform_api_url, platform_verify, submit_job, wait_for_job
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PriorityClass", "TaskRoleForm", "job_from_form", "run_job", "yaml_name"]
+__all__ = ["TEMPLATE_FLOW", "PriorityClass", "TaskRoleForm", "job_from_form", "run_job", "run_template_job",
+           "template_form_schema", "template_job_name", "yaml_name"]
 
 #: OpenPAI's job priority classes (``extras.hivedScheduler.jobPriorityClass``), highest first.
 PriorityClass = Literal["crit", "prod", "test", "oppo"]
@@ -248,3 +249,119 @@ def form_schema(schema: dict[str, Any], virtual_clusters: list[str] | None = Non
         if len(virtual_clusters) == 1:
             props["virtual_cluster"]["default"] = virtual_clusters[0]
     return out
+
+
+# --------------------------------------------------------------------------- job templates
+#: Flow name of the template runs (one deployment per template, named after it: flows/template.py).
+TEMPLATE_FLOW = "apiary-template"
+
+
+def template_job_name(job_name: str, flow_run_id: str | None) -> str | None:
+    """The job name a template run submits: ``<the template job's name>-<first 8 characters of the
+    flow run id>``, the same every time the run executes (Retry, a restart), so a second execution
+    finds the job of the first; None without a flow run (the platform draws a suffix)."""
+    if not flow_run_id:
+        return None
+    return f"{job_name[:190]}-{str(flow_run_id).replace('-', '')[:8]}"
+
+
+async def _post_template_run(client: httpx.AsyncClient, template: str, body: dict, user: str,
+                             flow_run_id: str | None) -> dict:
+    headers = {ON_BEHALF_HEADER: user}
+    if flow_run_id:
+        headers[FLOW_RUN_HEADER] = str(flow_run_id)
+    try:
+        resp = await client.post(f"{API_PREFIX}/templates/{template}/runs", json=body, headers=headers)
+    except httpx.HTTPError as exc:
+        raise UnavailableError(f"run template {template}: apiary unreachable: {exc!r}") from exc
+    if resp.status_code >= 400:
+        raise error_from_response(resp.status_code, resp.content, f"run template {template}")
+    return resp.json()
+
+
+async def run_template_job(
+    *,
+    flow_run_id: str | None,
+    template: str,
+    user: str | None,
+    values: dict[str, Any] | None = None,
+    job_name: str | None = None,
+    poll_s: float = 1.0,
+    timeout_s: float | None = None,
+) -> dict:
+    """The body of an ``apiary-template`` run: run ``template`` with ``values`` for ``user``, wait,
+    return the job's final JSON (the caller maps its state as :func:`run_job`'s do).
+
+    The job is submitted through ``POST /api/v2/templates/{template}/runs`` with the bridge's token
+    on behalf of ``user`` (who must see the template and be granted its VC, as for any job) and
+    attached to ``flow_run_id``; its name is ``job_name`` or :func:`template_job_name`. A second
+    execution of the same run (Retry, a restarted run) finds that job: it is followed while it
+    runs, re-run as ``<name>-retry<N>`` when it ended, as :func:`run_job` does.
+
+    Raises UserError for no user, an unprotected Prefect server, an unknown parameter or a bad
+    value (Apiary's message, naming ``parameters.<name>``), NotFoundError for a template ``user``
+    does not see, ConflictError for a job name another run holds; PlatformError /
+    UnavailableError when Apiary fails or is unreachable.
+    """
+    if not user:
+        raise UserError("user: required to run a template")
+    if not prefect_protected():
+        raise UserError(UNPROTECTED)
+    base = platform_api_url()
+    async with httpx.AsyncClient(base_url=base, timeout=30.0, headers=service_headers(),
+                                 verify=platform_verify()) as client:
+        if job_name is None:
+            try:
+                resp = await client.get(f"{API_PREFIX}/templates/{template}")
+            except httpx.HTTPError as exc:
+                raise UnavailableError(f"template {template}: apiary unreachable: {exc!r}") from exc
+            if resp.status_code >= 400:
+                raise error_from_response(resp.status_code, resp.content, f"template {template}")
+            job_name = template_job_name(str(resp.json()["jobName"]), flow_run_id)
+        body: dict[str, Any] = {"parameters": dict(values or {})}
+        if job_name:
+            body["name"] = job_name
+        try:
+            job_id = str((await _post_template_run(client, template, body, user, flow_run_id))["id"])
+        except ConflictError:
+            if not job_name or not flow_run_id:
+                raise
+            existing = await _get(client, f"{user}~{job_name}")
+            if existing.get("flowRunId") != str(flow_run_id):
+                raise
+            job_id = await _follow_or_clone(client, existing, flow_run_id)
+        logger.info("template run template=%s user=%s job=%s flow_run=%s", template, user, job_id, flow_run_id)
+        return await wait_for_job(client, job_id, poll_s=poll_s, timeout_s=timeout_s)
+
+
+def template_form_schema(template: dict[str, Any]) -> dict[str, Any]:
+    """The run form (a deployment's ``parameter_openapi_schema``) of a template, from its JSON as
+    ``GET /api/v2/templates/{name}`` answers it: ``template`` (fixed to its name), ``user``
+    (required: the Apiary user the job runs as), ``parameters`` (an object with one property per
+    template parameter: its type, default, title, description, minimum, maximum and enum; see
+    :meth:`apiary.spec.template.Parameter.json_schema`) and ``job_name`` (optional)."""
+    from apiary.spec.template import Parameter
+
+    params = [Parameter(p["name"], p["type"], p["default"], p.get("title"), p.get("description"), p.get("minimum"),
+                        p.get("maximum"), tuple(p["enum"]) if p.get("enum") is not None else None)
+              for p in template.get("parameters", [])]
+    name = template["name"]
+    return {
+        "title": "Parameters", "type": "object",
+        "properties": {
+            "template": {"title": "Template", "type": "string", "enum": [name], "default": name, "position": 0,
+                         "description": template.get("summary") or f"Job template {name}."},
+            "user": {"title": "User", "type": "string", "pattern": NAME_PATTERN, "position": 1,
+                     "description": "Your Apiary user name: the job runs as this user (your VCs, quota and "
+                                    "storage)."},
+            "parameters": {"title": "Parameters", "type": "object", "position": 2,
+                           "description": "The template's parameters; each starts at its default.",
+                           "properties": {p.name: p.json_schema() for p in params},
+                           "default": {p.name: p.default for p in params}},
+            "job_name": {"title": "Job name", "position": 3,
+                         "anyOf": [{"type": "string", "pattern": NAME_PATTERN}, {"type": "null"}], "default": None,
+                         "description": "Optional. Default: the template's job name and a suffix from this run."},
+        },
+        "required": ["template", "user"],
+        "definitions": {},
+    }

@@ -1,0 +1,1 @@
+"""The marketplace: job templates (:mod:`templates`), and the model registry's pieces beside them."""
