@@ -88,6 +88,9 @@ UPLOAD_PREFIX = "/api/v2/storages/configs/"
 #: The proxy to tasks' ports (``/api/v2/jobs/<job>/proxy/...``): its bodies are the task's
 #: (a notebook saved, a file uploaded to JupyterLab), under the upload limit too.
 PROXY_MARK = "/proxy/"
+#: An image build's upload (a build directory as a tar): its route counts it against
+#: ``APIARY_IMAGE_BUILD_MAX_BYTES`` itself, as it streams it to a file.
+IMAGE_BUILDS = "/api/v2/images/builds"
 
 
 class BodyLimitMiddleware:
@@ -118,13 +121,16 @@ class BodyLimitMiddleware:
 
     def limit(self, scope: Scope) -> int:
         """The limit of this request: ``upload_max_bytes`` for a storage file upload (``PUT
-        /api/v2/storages/configs/<name>/files``, whose route streams the body to disk) and for a
+        /api/v2/storages/configs/<name>/files``, whose route streams the body to disk), an image
+        build's upload (``POST /api/v2/images/builds``, which has its own limit) and for a
         request to a task through the proxy (``/api/v2/jobs/<job>/proxy/...``, streamed to the
         task), else ``max_bytes``."""
         path = scope.get("path", "")
         if scope.get("method") == "PUT" and path.startswith(UPLOAD_PREFIX) and path.endswith("/files"):
             return self.upload_max_bytes
         if path.startswith("/api/v2/jobs/") and PROXY_MARK in path:
+            return self.upload_max_bytes
+        if scope.get("method") == "POST" and path == IMAGE_BUILDS:
             return self.upload_max_bytes
         return self.max_bytes
 

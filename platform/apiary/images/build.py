@@ -9,21 +9,29 @@
   constrained by ``requirements.lock``, so the image gets the versions the tests ran with).
 * :func:`push`: ``docker push`` to the registry; pushing errors raise instead of being lost in
   the progress stream.
+
+Every image built here carries the labels of :mod:`apiary.images.labels` (authors ``apiary``,
+created, the git revision, version = tag; the examples' description and framework from their
+Dockerfile's ``LABEL`` lines, the framework's version from the wheels baked in, the Python version
+measured in the base image, CUDA ``none``: nothing here carries CUDA).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from apiary.errors import PlatformError, ValidationError
+from apiary.images import labels as oci
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +41,13 @@ BASE_IMAGE = "apiary/base:bookworm"
 EXAMPLES: dict[str, tuple[Path, tuple[str, ...]]] = {
     "mnist": (REPO / "examples" / "mnist", ("numpy", "scikit-learn")),
 }
+
+
+def import_changes(labels: dict[str, str]) -> list[str]:
+    """The Dockerfile instructions ``docker import`` applies to the base: PATH, LANG, ``/bin/sh``
+    and one ``LABEL`` per label (values JSON-quoted)."""
+    return ["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "ENV LANG=C.UTF-8",
+            "CMD [\"/bin/sh\"]", *(f"LABEL {k}={json.dumps(v)}" for k, v in labels.items())]
 
 
 def build_base(client: Any, tag: str = BASE_IMAGE, suite: str = "bookworm",
@@ -57,14 +72,54 @@ def build_base(client: Any, tag: str = BASE_IMAGE, suite: str = "bookworm",
         tarball = Path(tmp) / "root.tar"
         subprocess.run(["tar", "-C", str(root), "-cf", str(tarball), "."], check=True)
         repo, _, version = tag.partition(":")
-        out = client.api.import_image_from_file(
-            str(tarball), repository=repo, tag=version or "latest",
-            changes=["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                     "ENV LANG=C.UTF-8", "CMD [\"/bin/sh\"]"],
-        )
+        labels = oci.build_labels(
+            title=repo, authors=oci.SHIPPED_AUTHOR, version=version or "latest", created=time.time(),
+            source="https://deb.debian.org/debian", revision=git_revision(),
+            description=f"Debian {suite} minbase with {', '.join(include)} (debootstrap)",
+            framework=oci.NONE, framework_version=oci.NONE, cuda_version=oci.NONE)
+        out = client.api.import_image_from_file(str(tarball), repository=repo, tag=version or "latest",
+                                                changes=import_changes(labels))
     image = client.images.get(tag)
     logger.info("built %s %s (%s)", tag, image.short_id, str(out)[:200])
     return str(image.id)
+
+
+def git_revision(repo: Path = REPO) -> str | None:
+    """The full commit of ``repo``'s HEAD, or ``None`` outside git (the ``revision`` label is then left out)."""
+    try:
+        out = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def source_url(repo: Path = REPO, subdir: str = "") -> str:
+    """``org.opencontainers.image.source`` of an image built from ``repo/subdir``: the git remote
+    ``origin``'s URL with ``#<subdir>`` when there is one, else ``file://<repo>/<subdir>``."""
+    try:
+        out = subprocess.run(["git", "-C", str(repo), "config", "--get", "remote.origin.url"], capture_output=True,
+                             text=True, timeout=10)
+        remote = out.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        remote = ""
+    if remote:
+        return f"{remote}#{subdir}" if subdir else remote
+    return (repo / subdir).as_uri() if subdir else repo.as_uri()
+
+
+def python_version(client: Any, image: str) -> str | None:
+    """The Python version of ``image`` (``python3`` run in it, no network), or ``None`` when it has
+    no Python or does not run."""
+    import docker
+
+    try:
+        out = client.containers.run(image, ["python3", "-c", "import platform; print(platform.python_version())"],
+                                    network_mode="none", remove=True, stdout=True, stderr=False)
+    except docker.errors.DockerException as exc:
+        logger.warning("no python version measured in %s: %s", image, exc)
+        return None
+    return out.decode().strip() or None
 
 
 def lock_pins(lock: Path = REPO / "requirements.lock") -> dict[str, str]:
@@ -115,9 +170,11 @@ def download_wheels(requirements: Iterable[str], dest: Path, *, apiary: bool = F
 
 def build_image(client: Any, dockerfile_dir: Path, tag: str, *, requirements: Iterable[str] = (),
                 base: str = BASE_IMAGE, dockerfile: str = "Dockerfile", extra: dict[str, Path] | None = None,
-                apiary_wheel: bool = False, repo: Path = REPO) -> str:
-    """``docker build`` ``dockerfile_dir/dockerfile`` as ``tag`` (build arg ``BASE``); returns
-    the image id.
+                apiary_wheel: bool = False, repo: Path = REPO, labels: dict[str, str] | None = None,
+                network_mode: str = "host") -> str:
+    """``docker build`` ``dockerfile_dir/dockerfile`` as ``tag`` (build arg ``BASE``) with
+    ``labels`` (they override the Dockerfile's own and the parent image's for the same keys) and
+    the build's ``RUN`` steps on ``network_mode`` (``none`` for user builds); returns the image id.
 
     The build context is a temporary copy of ``dockerfile_dir`` plus ``wheels/`` (the wheels of
     ``requirements``, and of Apiary itself with ``apiary_wheel``) and each ``extra`` item
@@ -139,7 +196,8 @@ def build_image(client: Any, dockerfile_dir: Path, tag: str, *, requirements: It
                 shutil.copy2(src, ctx / name)
         try:
             image, _logs = client.images.build(path=str(ctx), dockerfile=dockerfile, tag=tag, rm=True,
-                                               network_mode="host", buildargs={"BASE": base}, pull=False)
+                                               network_mode=network_mode, buildargs={"BASE": base}, pull=False,
+                                               labels=labels or {})
         except docker.errors.BuildError as exc:
             tail = "".join(str(x.get("stream", x.get("error", ""))) for x in exc.build_log)[-3000:]
             raise PlatformError(f"docker build of {tag} failed: {exc}\n{tail}") from exc
@@ -163,9 +221,30 @@ def build_example(client: Any, name: str, registry: str, tag: str = "latest", ba
         raise ValidationError("name", f"unknown example image {name!r}; known: {', '.join(sorted(EXAMPLES))}")
     directory, requirements = EXAMPLES[name]
     full = f"{registry}/apiary/{name}:{tag}"
-    build_image(client, directory, full, requirements=requirements, base=base)
+    build_image(client, directory, full, requirements=requirements, base=base,
+                labels=example_labels(client, name, tag, base))
     push(client, full)
     return full
+
+
+def example_labels(client: Any, name: str, tag: str, base: str = BASE_IMAGE) -> dict[str, str]:
+    """The labels of the example image ``name``: its Dockerfile's description and framework
+    (``LABEL`` lines), the framework's version as pinned in requirements.lock (the wheel baked in),
+    the Python version measured in ``base``, CUDA ``none``, authors ``apiary``, the git revision."""
+    directory, _requirements = EXAMPLES[name]
+    declared = oci.dockerfile_labels((directory / "Dockerfile").read_text(encoding="utf-8"))
+    framework = declared.get(oci.FRAMEWORK, oci.NONE)
+    pin = lock_pins().get(framework.lower().replace("_", "-"), "")
+    labels = oci.build_labels(
+        title=f"apiary/{name}", authors=oci.SHIPPED_AUTHOR, version=tag, created=time.time(),
+        source=source_url(REPO, f"examples/{name}"), revision=git_revision(),
+        description=declared.get(oci.DESCRIPTION), framework=framework,
+        framework_version=pin.partition("==")[2] or (oci.NONE if framework == oci.NONE else None),
+        cuda_version=declared.get(oci.CUDA_VERSION, oci.NONE))
+    py = python_version(client, base)
+    if py:
+        labels[oci.PYTHON_VERSION] = py
+    return labels
 
 
 #: Apiary's own images (``deploy/docker/Dockerfile.<name>``), all ``FROM`` the shared Python layer.
@@ -179,13 +258,22 @@ def build_platform(client: Any, registry: str, tag: str, base: str = BASE_IMAGE,
     CI pipeline passes its workspace (the commit under test). Raises PlatformError."""
     docker_dir = repo / "deploy" / "docker"
     python = f"{registry}/apiary/python:{tag}"
+
+    def labels(name: str, description: str) -> dict[str, str]:
+        return oci.build_labels(title=f"apiary/{name}", authors=oci.SHIPPED_AUTHOR, version=tag,
+                                created=time.time(), source=source_url(repo, "deploy/docker"),
+                                revision=git_revision(repo), description=description, framework=oci.NONE,
+                                framework_version=oci.NONE, cuda_version=oci.NONE)
+
     build_image(client, docker_dir, python, dockerfile="Dockerfile.python", base=base, apiary_wheel=True,
-                extra={"examples": repo / "examples"}, repo=repo)
+                extra={"examples": repo / "examples"}, repo=repo,
+                labels=labels("python", "Apiary and its locked dependencies on the platform's base"))
     push(client, python)
     built = [python]
     for name in PLATFORM_IMAGES:
         full = f"{registry}/apiary/{name}:{tag}"
-        build_image(client, docker_dir, full, dockerfile=f"Dockerfile.{name}", base=python, repo=repo)
+        build_image(client, docker_dir, full, dockerfile=f"Dockerfile.{name}", base=python, repo=repo,
+                    labels=labels(name, f"Apiary's {name}"))
         push(client, full)
         built.append(full)
     return built

@@ -5,8 +5,12 @@ No image can be pulled from outside on Apiary's build machines, so Lab 6's files
 The map is a YAML mapping, ``image-map.yaml`` in this package (the defaults, documented there) or
 a file given to ``apiary agent --image-map`` / written by ``apiary up --runtime docker`` into
 ``APIARY_HOME/image-map.yaml``. ``{registry}`` in a value is the platform registry's
-``host:port``. Keys without a tag match every tag of the name (see
-:func:`apiary.runtime.docker.resolve_image`).
+``host:port``. Keys without a tag match every tag of the name, keys ending in ``/`` every name
+under them (see :func:`apiary.runtime.docker.resolve_image`).
+
+With a registry, the image catalogue's names resolve too (:data:`CATALOGUE`, unless the file maps
+them otherwise): ``apiary/<name>:<tag>`` and ``users/<user>/<name>:<tag>`` to the registry, and
+``apiary/base`` (the local base image, never pushed) to itself.
 """
 
 from __future__ import annotations
@@ -16,6 +20,10 @@ from pathlib import Path
 
 from apiary.errors import ValidationError
 from apiary.spec import safeyaml
+
+#: The catalogue's namespaces, added to every map loaded with a registry (``{registry}``
+#: substituted) unless the map has the key. ``apiary/base`` stays the local image.
+CATALOGUE = {"apiary/base": "apiary/base", "apiary/": "{registry}/apiary/", "users/": "{registry}/users/"}
 
 
 def default_text() -> str:
@@ -40,6 +48,9 @@ def parse(text: str, registry: str | None = None) -> dict[str, str]:
                 raise ValidationError(f"imageMap.{key}", "names {registry} but the platform has no registry")
             value = value.replace("{registry}", registry)
         out[key] = value
+    if registry:
+        for key, value in CATALOGUE.items():
+            out.setdefault(key, value.replace("{registry}", registry))
     return out
 
 

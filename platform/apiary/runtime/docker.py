@@ -89,11 +89,22 @@ def container_name(run_id: str) -> str:
 
 def resolve_image(image: str, image_map: dict[str, str]) -> str:
     """``image`` through ``image_map``: an exact key first, then the key without the tag
-    (``openpai/standard`` matches ``openpai/standard:python_3.6-pytorch_1.2.0-gpu``)."""
+    (``openpai/standard`` matches ``openpai/standard:python_3.6-pytorch_1.2.0-gpu``; a value without
+    a tag then keeps the asked tag), then the longest key ending in ``/`` that ``image`` starts
+    with, whose value replaces that prefix (``apiary/`` -> ``<registry>/apiary/``: the image
+    catalogue's names)."""
     if image in image_map:
         return image_map[image]
-    name = image.rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
-    return image_map.get(name, image)
+    tagged = ":" in image.rsplit("/", 1)[-1]
+    name, _, tag = image.rpartition(":") if tagged else (image, "", "")
+    if name in image_map:
+        value = image_map[name]
+        return f"{value}:{tag}" if tag and ":" not in value.rsplit("/", 1)[-1] and "@" not in value else value
+    prefixes = [k for k in image_map if k.endswith("/") and image.startswith(k)]
+    if prefixes:
+        key = max(prefixes, key=len)
+        return image_map[key] + image[len(key):]
+    return image
 
 
 def _parse_time(text: str | None) -> float | None:
