@@ -5,6 +5,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# MLflow, the model registry `apiary up` runs, in a venv of its own: its pins clash with the main venv's.
+MLFLOW_VENV := .venv-mlflow
+MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
 
 .PHONY: setup demo test test-fast lint typecheck contracts check bench up clean
 
@@ -16,15 +19,20 @@ SETUP ?= setup
 PYTEST_ARGS ?=
 
 # The tests that start real services or processes (pyproject's markers); `make test-fast` skips them.
-SLOW_MARKERS := e2e or postgres or prometheus or prefect or docker or netns or dfs
+SLOW_MARKERS := e2e or postgres or prometheus or prefect or docker or netns or dfs or mlflow
 
-setup: $(STAMP)
+setup: $(STAMP) $(MLFLOW_STAMP)
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c requirements.lock -e '.[dev,postgres]'
 	touch $(STAMP)
+
+$(MLFLOW_STAMP): deploy/mlflow/requirements.txt
+	test -x $(MLFLOW_VENV)/bin/python || $(PY) -m venv $(MLFLOW_VENV)
+	$(MLFLOW_VENV)/bin/python -m pip install -q -r deploy/mlflow/requirements.txt
+	touch $(MLFLOW_STAMP)
 
 demo: setup
 	$(BIN)/apiary demo lab6
@@ -56,4 +64,4 @@ up: setup
 	$(BIN)/apiary up
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .import_linter_cache
+	rm -rf $(VENV) $(MLFLOW_VENV) .pytest_cache .ruff_cache .mypy_cache .import_linter_cache

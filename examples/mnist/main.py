@@ -23,8 +23,16 @@ n labels) instead of scikit-learn's copy; ``--output-dir DIR`` writes ``DIR/mode
 weights, the hidden size and the standardisation's ``mean`` and ``std``: :func:`load_model` reads
 it back) and ``DIR/metrics.json`` (the last epoch's loss and accuracies).
 
-Exit codes: 0 on success, 2 for bad arguments, 1 when training diverges (non-finite loss) or
-the data cannot be loaded. Runs on the CPU; it only reports the GPUs it was given.
+MLflow (an Apiary task gets ``MLFLOW_TRACKING_URI``, ``MLFLOW_TRACKING_TOKEN`` and
+``MLFLOW_EXPERIMENT_NAME``): with ``MLFLOW_TRACKING_URI`` set, the run is logged through MLflow's
+REST API (``mlflow_rest.py`` beside this file; no mlflow package needed) in experiment
+``MLFLOW_EXPERIMENT_NAME`` (default ``mnist``), tagged with the Apiary job, attempt and task: its
+parameters, each epoch's ``loss``, ``train_acc`` and ``test_acc`` (step = epoch), and ``model.npz``
+as the artifact ``model/model.npz``. ``--register-model NAME`` then registers ``<run>/model`` as a
+new version of registered model NAME. Without ``MLFLOW_TRACKING_URI`` nothing is logged.
+
+Exit codes: 0 on success, 2 for bad arguments, 1 when training diverges (non-finite loss),
+the data cannot be loaded, or MLflow refuses the run. Runs on the CPU; it only reports the GPUs it was given.
 """
 
 from __future__ import annotations
@@ -69,6 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output-dir", type=Path, help="write model.npz and metrics.json to DIR")
     parser.add_argument("--export-data", type=Path, metavar="PATH",
                         help="write scikit-learn's digits set to PATH (npz: data, target) and exit")
+    parser.add_argument("--register-model", metavar="NAME",
+                        help="with MLFLOW_TRACKING_URI set: register the trained model as a new version of NAME")
     args = parser.parse_args(argv)
     if not 0 < args.test_fraction < 1:
         parser.error(f"argument --test-fraction: must be between 0 and 1, got {args.test_fraction}")
@@ -178,6 +188,50 @@ class MLP:
         return loss
 
 
+class Tracking:
+    """This training's MLflow run (:mod:`mlflow_rest`): ``client``, ``info`` (the run's), ``run_id``."""
+
+    def __init__(self, client: object, info: dict) -> None:
+        self.client, self.info, self.run_id = client, info, info["run_id"]
+
+    @classmethod
+    def start(cls, args: argparse.Namespace) -> Tracking | None:
+        """A RUNNING run with the parameters logged, when ``MLFLOW_TRACKING_URI`` is set; else None."""
+        here = str(Path(__file__).resolve().parent)
+        if here not in sys.path:  # loaded by path (tests), not run as a script
+            sys.path.insert(0, here)
+        import mlflow_rest
+
+        client = mlflow_rest.Client.from_env()
+        if client is None:
+            if args.register_model:
+                print("note: --register-model needs MLFLOW_TRACKING_URI; not registering", flush=True)
+            return None
+        experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "mnist"
+        env = dict(os.environ)
+        name = f"{env.get('APIARY_JOB_ID', 'mnist')}-a{env.get('PAI_JOB_ATTEMPT_ID', '0')}"
+        info = client.create_run(client.experiment_id(experiment), name,
+                                 mlflow_rest.task_tags(env, "examples/mnist/main.py"))
+        client.log_batch(info["run_id"], params={
+            "epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size, "hidden": args.hidden,
+            "seed": args.seed, "test_fraction": args.test_fraction})
+        print(f"mlflow: run {info['run_id']} in experiment {experiment}", flush=True)
+        return cls(client, info)
+
+    def finish(self, model: MLP, mean: np.ndarray, std: np.ndarray, register: str | None) -> None:
+        """Upload ``model/model.npz``, end the run (FINISHED) and register it as a version of ``register``."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "model.npz"
+            save_model(model, mean, std, path)
+            self.client.upload_artifact(self.info, path, "model")
+        self.client.end_run(self.run_id)
+        if register:
+            version = self.client.register_version(register, self.info["artifact_uri"] + "/model", self.run_id)
+            print(f"mlflow: registered model {register} version {version['version']}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -200,6 +254,11 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
 
+    try:
+        tracking = Tracking.start(args)
+    except Exception as exc:  # noqa: BLE001 - MLflow's refusal or no answer, reported plainly
+        print(f"error: mlflow: {exc}", file=sys.stderr, flush=True)
+        return 1
     rng = np.random.default_rng(args.seed)
     model = MLP(x_train.shape[1], args.hidden, 10, rng)
     test_acc = train_acc = loss_mean = 0.0
@@ -217,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
                         file=sys.stderr,
                         flush=True,
                     )
+                    if tracking is not None:
+                        tracking.client.end_run(tracking.run_id, "FAILED")
                     return 1
                 total += loss * len(batch)
                 seen += len(batch)
@@ -228,6 +289,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"train_acc={train_acc:.4f} test_acc={test_acc:.4f}",
                 flush=True,
             )
+            if tracking is not None:
+                tracking.client.log_batch(tracking.run_id, {"loss": loss_mean, "train_acc": train_acc,
+                                                            "test_acc": test_acc}, step=epoch)
+    if tracking is not None:
+        try:
+            tracking.finish(model, mean, std, args.register_model)
+        except Exception as exc:  # noqa: BLE001
+            print(f"error: mlflow: {exc}", file=sys.stderr, flush=True)
+            return 1
     print(f"final test_acc={test_acc:.4f}", flush=True)
     if args.output_dir is not None:
         args.output_dir.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,8 @@ from apiary.client import ApiaryClient
 from apiary.control.config import check_cluster_config
 from apiary.errors import PlatformError, PortInUseError, UnavailableError, UserError
 from apiary.images.daemons import Registry
+from apiary.marketplace import mlflow_server
+from apiary.marketplace.mlflow_server import MlflowServer
 from apiary.monitoring.gpu import NvmlProbe, probe_nvml
 from apiary.procutil import (
     PRIVATE_UMASK,
@@ -139,6 +141,16 @@ class Child:
     proc: subprocess.Popen | None = None
     restarts: int = 0
     started_at: float = 0.0
+    #: A server that forks its own workers (MLflow): what is left of its process group is killed
+    #: once it stopped or died, before a restart (its session is its own: nothing else is in it).
+    group: bool = False
+
+    def kill_group(self) -> None:
+        if self.group and self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def start(self) -> None:
         private_dir(self.log_path.parent)
@@ -163,6 +175,7 @@ class Child:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+        self.kill_group()
 
 
 @dataclass
@@ -208,6 +221,9 @@ class Embedded:
     #: The Prefect server's port; None: the one this home used before (``home/run/prefect-port``)
     #: while it is free, else a new free port, remembered.
     prefect_port: int | None = None
+    #: Run MLflow, the model registry (``mlflow`` child), when its venv exists: ``apiary up`` does.
+    mlflow: bool = False
+    mlflow_server: MlflowServer | None = None
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser().resolve()
@@ -294,6 +310,13 @@ class Embedded:
         logs = self.home / "logs"
         base = self._base_env()
         cp_env = base
+        if self.mlflow:  # its URL first: the control plane gives it to every task
+            self.mlflow_server = mlflow_server.for_home(
+                self.home, api_url=self.api_url, choose_port=self._port, taken=self._ports | {self.api_port},
+                apiary_database_url=base.get("APIARY_DATABASE_URL"))
+            if self.mlflow_server is not None:
+                self._ports.add(self.mlflow_server.port)
+                cp_env = {**cp_env, "APIARY_MLFLOW_URL": self.mlflow_server.url}
         if self.prefect:
             # The Prefect server first: the control plane's webhook intake starts the CI/CD flow
             # runs there (PREFECT_API_URL), which it could not do with a server started after it.
@@ -314,6 +337,12 @@ class Embedded:
                                 f"(another platform took port {self.api_port}?)")
         write_private(run / "api_url", self.api_url)
         self._record_holder()
+        if self.mlflow_server is not None:  # after the control plane: its plugin asks the identity route
+            self.mlflow_server.prepare()
+            self.children["mlflow"] = Child("mlflow", self.mlflow_server.argv(), self.mlflow_server.env(base),
+                                            logs / "mlflow.log", group=True)
+            self.children["mlflow"].start()
+            self.mlflow_server.wait(alive=self.children["mlflow"].alive)
         # Every node agent serves /metrics on a port fixed here, so a restarted agent keeps its
         # Prometheus target.
         inventory = {n["name"]: int(n["gpus"]) for n in self.client().nodes()}
@@ -341,6 +370,7 @@ class Embedded:
         write_private(run / "urls.json", json.dumps({
             "api": self.api_url, "ui": self.ui_url, "prometheus": self.prometheus_url,
             "alertmanager": self.alertmanager_url, "registry": self.registry.url if self.registry else None,
+            "mlflow": self.mlflow_server.url if self.mlflow_server else None,
         }))
         write_private(run / "supervisor.pid", str(os.getpid()))
 
@@ -536,6 +566,7 @@ class Embedded:
                 child.restarts += 1
                 logger.warning("child=%s exited code=%s; restarting (restart %d)", child.name, code, child.restarts)
                 time.sleep(min(0.2 * child.restarts, 2.0))
+                child.kill_group()
                 child.start()
         if (
             self.restart_prefect
@@ -569,7 +600,7 @@ class Embedded:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
-        for name in ("prefect-serve", "prefect-bridge", "prometheus", "alertmanager", "agent", "registry",
+        for name in ("prefect-serve", "prefect-bridge", "prometheus", "alertmanager", "agent", "registry", "mlflow",
                      "control-plane"):
             child = self.children.get(name)
             if child is not None:

@@ -39,6 +39,10 @@ class Assignments:
         #: ``instance_secrets(run_id) -> secret``: each launch's ``APIARY_PROXY_TOKEN``, which the API's
         #: proxy presents to the task (:class:`apiary.control.proxy.InstanceSecrets`); None: no secret.
         self.instance_secrets: Callable[[str], str] | None = None
+        #: ``task_env(user, run_id) -> {name: value}``: more variables for every launch (the MLflow
+        #: tracking server and the run's own secret, :class:`apiary.marketplace.identity.MlflowTaskEnv`);
+        #: None: none.
+        self.task_env: Callable[[str, str], dict[str, str]] | None = None
         #: The ssh runtime plugin's keys and each launch's ``ssh`` (:mod:`apiary.control.jobssh`).
         self.ssh = JobSsh(cache.sessions)
 
@@ -136,8 +140,7 @@ class Assignments:
             gpus=list(task.gpus or []),
             attempt=task.attempt,
             simulated_gpus=bool(task.node in nodes and nodes[task.node][1]),
-            extra=({PROXY_SECRET_ENV: self.instance_secrets(task.run_id)}
-                   if self.instance_secrets and task.run_id else None),
+            extra=self._extra_env(job, task),
         )
         prereq = next(
             (p for p in (spec.prerequisites or []) if p.type == "dockerimage" and p.name == tr.docker_image), None
@@ -172,6 +175,15 @@ class Assignments:
             **self._mounts(job, spec),
             **self.ssh.launch(job, spec, task, host_ips, ports),
         }
+
+    def _extra_env(self, job: Job, task: Task) -> dict[str, str] | None:
+        """The launch's secrets: the proxy's (``APIARY_PROXY_TOKEN``) and :attr:`task_env`'s."""
+        if not task.run_id:
+            return None
+        extra = {PROXY_SECRET_ENV: self.instance_secrets(task.run_id)} if self.instance_secrets else {}
+        if self.task_env is not None:
+            extra.update(self.task_env(job.user, task.run_id))
+        return extra or None
 
     @staticmethod
     def _plugin_commands(spec: JobSpec, task: Task) -> list[str]:

@@ -34,6 +34,11 @@ Variable                                   Source in OpenPAI
 ``APIARY_SIMULATED_GPUS``                  ``1`` when the node's GPUs are simulated, else ``0``
 ``APIARY_PROXY_TOKEN``                     this instance's secret that the API's proxy presents
                                            (``apiary.control.proxy``; given as ``extra``)
+``MLFLOW_TRACKING_URI``                    MLflow's own: the platform's tracking server (when it
+                                           runs MLflow; ``apiary.marketplace.identity``, as ``extra``)
+``MLFLOW_TRACKING_TOKEN``                  MLflow's own (sent as a bearer token): this run's MLflow
+                                           secret, valid while the run lives; never a platform's
+``MLFLOW_EXPERIMENT_NAME``                 MLflow's own: ``users/<user>``, the user's experiment
 ========================================== ==================================================
 
 The ``<role>`` and ``<port>`` parts are used verbatim, so role and port names must be valid in
