@@ -9,6 +9,9 @@
 * ``platform-ci/pr`` and ``platform-deploy/main``: Apiary's own CI/CD (flows/ci.py), started by
   the GitHub webhook intake and by Jenkins (ci/run-pipeline, ci/deploy); configured by the
   ``APIARY_CI_*`` variables (:mod:`apiary.ci.config`);
+* ``apiary-template/<name>``: one per job template of the marketplace (flows/template.py), its run
+  form made from the template's parameters; templates published later are added while serving
+  (:func:`watch_templates`, every ``APIARY_TEMPLATE_WATCH_S`` seconds);
 * the drills on cron schedules (flows/drills.py, :data:`DRILL_SCHEDULES`): ``inspection/inspection``,
   ``stress-drill/nightly``, ``chaos-drill/weekly``, ``load-drill/weekly``.
 
@@ -33,6 +36,7 @@ goes (a run with such a parameter is refused), and each acts with only what it n
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
@@ -42,10 +46,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx  # noqa: E402
-from prefect import serve  # noqa: E402
 
 from apiary.client import split_api_urls  # noqa: E402
-from apiary.tracking.portal import form_schema  # noqa: E402
+from apiary.tracking.portal import TEMPLATE_FLOW, form_schema, template_form_schema  # noqa: E402
 from apiary.tracking.source import service_headers  # noqa: E402
 from apiary.tracking.submit import platform_verify, reachable_replica  # noqa: E402
 from ci import platform_ci, platform_deploy  # noqa: E402
@@ -53,6 +56,7 @@ from drills import chaos_drill, inspection, load_drill, stress_drill  # noqa: E4
 from job import rerun_job, submit_form, submit_yaml  # noqa: E402
 from runbooks import RUNBOOKS, alert_quality, runbook  # noqa: E402
 from scheduling import scheduling_loop  # noqa: E402
+from template import run_template  # noqa: E402
 from whatif import what_if_replay  # noqa: E402
 
 EXAMPLE_ROLE = {"name": "train", "instances": 1, "gpus": 1, "cpu": 2, "memory_mb": 4096, "image": "python:3.11",
@@ -184,8 +188,100 @@ def ops_deployments() -> list:
     ]
 
 
+def served_templates(api_url: str | None) -> list[dict]:
+    """The job templates of the marketplace (``GET /api/v2/templates`` with the bridge's token,
+    which sees them all); [] when Apiary cannot say."""
+    if not api_url:
+        return []
+    try:
+        base = reachable_replica(split_api_urls(api_url))
+        resp = httpx.get(f"{base}/api/v2/templates", timeout=10, headers=service_headers(), verify=platform_verify())
+        resp.raise_for_status()
+        return list(resp.json())
+    except (httpx.HTTPError, ValueError) as exc:
+        logging.getLogger(__name__).warning("no job templates to serve: %r", exc)
+        return []
+
+
+def template_deployments(templates: list[dict] | None = None) -> list:
+    """One ``apiary-template/<name>`` deployment per job template (default: those Apiary lists at
+    ``APIARY_API_URL`` now), its run form made from the template's parameters
+    (:func:`apiary.tracking.portal.template_form_schema`) and opened at their defaults. A run acts
+    for the user named in its form, with the bridge's token (flows/template.py)."""
+    from prefect.utilities.callables import ParameterSchema
+
+    if templates is None:
+        templates = served_templates(os.environ.get("APIARY_API_URL"))
+    out = []
+    for t in templates:
+        d = run_template.to_deployment(
+            name=t["name"], tags=["apiary", "template", *(["official"] if t.get("official") else [])],
+            parameters={"template": t["name"], "parameters": {p["name"]: p["default"] for p in t["parameters"]}},
+            description=f"**{t.get('summary') or t['name']}** (job template; Run -> Custom run to set its "
+                        f"parameters and the user it runs as)\n\n{t.get('description') or ''}",
+        )
+        d._parameter_openapi_schema = ParameterSchema(**template_form_schema(t))
+        out.append(d)
+    return out
+
+
+#: How often the serving process looks for templates published (or changed) since it started, in
+#: seconds (``APIARY_TEMPLATE_WATCH_S``; 0: never).
+TEMPLATE_WATCH_S = float(os.environ.get("APIARY_TEMPLATE_WATCH_S", "15"))
+
+
+async def watch_templates(runner, served: dict[str, float], period_s: float) -> None:
+    """Every ``period_s``: serve a deployment for each template Apiary lists that ``served`` (name
+    -> its ``updated`` time) lacks or that changed since, so a template published after serving
+    started gets its run form without a restart. A deleted template's deployment stays (its runs
+    get Apiary's 404). Never raises: Apiary or Prefect being away is retried at the next period."""
+    log = logging.getLogger(__name__)
+    while True:
+        await asyncio.sleep(period_s)
+        try:
+            listed = await asyncio.to_thread(served_templates, os.environ.get("APIARY_API_URL"))
+            for t in listed:
+                if served.get(t["name"]) == t.get("updated"):
+                    continue
+                # In a thread: inside an event loop Prefect's to_deployment answers a coroutine.
+                [deployment] = await asyncio.to_thread(template_deployments, [t])
+                await runner.aadd_deployment(deployment)
+                served[t["name"]] = t.get("updated")
+                log.info("serving template deployment %s/%s", TEMPLATE_FLOW, t["name"])
+        except Exception as exc:  # the watcher must outlive any one failure
+            log.warning("template watch failed (retried in %.0f s): %r", period_s, exc)
+
+
+def serve(*served: object, templates: list[dict] | None = None, watch_s: float = TEMPLATE_WATCH_S) -> None:
+    """Serve ``served`` as Prefect's ``serve`` does (one Runner, schedules paused on shutdown), and
+    with ``watch_s`` > 0 also :func:`watch_templates` beside it, starting from ``templates`` (the
+    ones ``served`` already holds deployments for)."""
+    from prefect.exceptions import TerminationSignal
+    from prefect.runner import Runner
+
+    runner = Runner(pause_on_shutdown=True)
+    for deployment in served:
+        runner.add_deployment(deployment)
+    known = {t["name"]: t.get("updated") for t in templates or []}
+
+    async def run() -> None:
+        watcher = asyncio.create_task(watch_templates(runner, known, watch_s)) if watch_s > 0 else None
+        try:
+            await runner.start()
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+
+    try:
+        asyncio.run(run())
+    except (KeyboardInterrupt, TerminationSignal) as exc:
+        logging.getLogger(__name__).info("received %s, shutting down", type(exc).__name__)
+
+
 def main() -> None:
-    serve(*deployments(), *drill_deployments(), *ci_deployments(), *ops_deployments())
+    templates = served_templates(os.environ.get("APIARY_API_URL"))
+    serve(*deployments(), *template_deployments(templates), *drill_deployments(), *ci_deployments(),
+          *ops_deployments(), templates=templates)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import ssl
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 
@@ -326,6 +326,42 @@ class ApiaryClient:
         """OpenPAI's SSH info of a job: ``{"jobId", "login", "hostKeyAlias", "hostPublicKey", "tasks"}``."""
         return self._call("GET", f"/api/v2/jobs/{job_id}/ssh").json()
 
+    # ------------------------------------------------------------------ job templates
+    def templates(self, q: str | None = None, tag: str | None = None) -> builtins.list[dict]:
+        """The job templates the token's user sees (``q``: text in name, summary or tags; ``tag``)."""
+        return self._call("GET", "/api/v2/templates", params={k: v for k, v in (("q", q), ("tag", tag)) if v}).json()
+
+    def template(self, name: str) -> dict:
+        return self._call("GET", f"/api/v2/templates/{name}").json()
+
+    def publish_template(self, doc: dict) -> dict:
+        """Publish a template document (apiary.spec.template) owned by the token's user."""
+        return self._call("POST", "/api/v2/templates", json=doc).json()
+
+    def update_template(self, name: str, doc: dict) -> dict:
+        """Replace template ``name`` (its owner or an admin)."""
+        return self._call("PUT", f"/api/v2/templates/{name}", json=doc).json()
+
+    def delete_template(self, name: str) -> None:
+        self._call("DELETE", f"/api/v2/templates/{name}")
+
+    def run_template(self, name: str, parameters: dict | None = None, *, job_name: str | None = None,
+                     virtual_cluster: str | None = None, flow_run_id: str | None = None,
+                     on_behalf_of: str | None = None) -> dict:
+        """Run template ``name`` with ``parameters`` (the rest keep their defaults) as the token's
+        user (``on_behalf_of``: the bridge's token only); the submitted job's JSON."""
+        body: dict = {"parameters": parameters or {}}
+        if job_name:
+            body["name"] = job_name
+        if virtual_cluster:
+            body["virtualCluster"] = virtual_cluster
+        headers = {}
+        if flow_run_id:
+            headers["X-Apiary-Flow-Run-Id"] = flow_run_id
+        if on_behalf_of:
+            headers["X-Apiary-On-Behalf-Of"] = on_behalf_of
+        return self._call("POST", f"/api/v2/templates/{name}/runs", json=body, headers=headers).json()
+
     # ------------------------------------------------------------------ storage
     def storage_servers(self) -> builtins.list[dict]:
         """Storage servers, secrets redacted (admins)."""
@@ -406,6 +442,78 @@ class ApiaryClient:
     def storage_remove(self, config: str, path: str, recursive: bool = False) -> None:
         self._call("DELETE", f"/api/v2/storages/configs/{config}/files",
                    params={"path": path, "recursive": str(recursive).lower()})
+
+    # ---------------------------------------------------------------- models (MLflow's registry)
+    def models(self) -> builtins.list[dict]:
+        """The registered models the caller may read: ``[{name, description, latestVersions, ...}]``."""
+        return self._call("GET", "/api/v2/models").json()
+
+    def model(self, name: str) -> dict:
+        """One registered model with ``versions`` (newest first)."""
+        return self._call("GET", f"/api/v2/models/{quote(name, safe='')}").json()
+
+    def model_version(self, name: str, version: str) -> dict:
+        """One version with its lineage (``run``, ``job``)."""
+        return self._call("GET", f"/api/v2/models/{quote(name, safe='')}/versions/{version}").json()
+
+    def model_download(self, name: str, version: str, dest: Path) -> builtins.list[str]:
+        """Download the version's files into directory ``dest`` (made if missing); returns the paths
+        written, relative to ``dest``. Raises what the API answers, ValidationError for a tar entry
+        that would leave ``dest``."""
+        import tarfile
+        import tempfile
+
+        url = self.api_urls[self._current] + f"/api/v2/models/{quote(name, safe='')}/versions/{version}/download"
+        dest.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile() as buf:
+            try:
+                with self._http.stream("GET", url) as r:
+                    if r.status_code >= 400:
+                        raise error_from_response(r.status_code, r.read())
+                    for block in r.iter_bytes():
+                        buf.write(block)
+            except httpx.TransportError as e:
+                raise UnavailableError(f"Apiary API at {url}: {self._why(e)}") from e
+            buf.seek(0)
+            written = []
+            with tarfile.open(fileobj=buf, mode="r:") as tar:
+                for member in tar.getmembers():
+                    target = (dest / member.name).resolve()
+                    if not member.isfile() or not target.is_relative_to(dest.resolve()):
+                        raise ValidationError("download", f"unsafe entry {member.name!r} in the model's tar")
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    src = tar.extractfile(member)
+                    assert src is not None
+                    with src, target.open("wb") as f:
+                        while block := src.read(1 << 20):
+                            f.write(block)
+                    written.append(member.name)
+        return written
+
+    # ------------------------------------------------------------------ images
+    def images(self, *, framework: str | None = None, cuda: str | None = None, q: str | None = None,
+               mine: bool = False) -> builtins.list[dict]:
+        """The image catalogue the token's user sees (shared images and their own; admins: all)."""
+        params = {k: v for k, v in {"framework": framework, "cuda": cuda, "q": q}.items() if v}
+        if mine:
+            params["mine"] = "true"
+        return self._call("GET", "/api/v2/images", params=params).json()
+
+    def image(self, repository: str) -> builtins.list[dict]:
+        """The tags of one catalogue repository (``repo`` or ``repo:tag``)."""
+        return self._call("GET", f"/api/v2/images/{repository}").json()
+
+    def build_image(self, archive: Path, name: str, *, tag: str = "latest", shared: bool = False,
+                    description: str | None = None, timeout_s: float = 1800.0) -> dict:
+        """Upload the build directory in the tar file ``archive`` and wait until the platform has
+        built and pushed it (at most ``timeout_s``); returns the image (``repository``, ``tag``,
+        ``digest``, ...). ``shared``: publish as ``apiary/<name>`` (admins)."""
+        params = {"name": name, "tag": tag, "shared": str(shared).lower()}
+        if description:
+            params["description"] = description
+        with archive.open("rb") as f:
+            return self._call("POST", "/api/v2/images/builds", params=params, content=f.read(),
+                              headers={"Content-Type": "application/octet-stream"}, timeout=timeout_s).json()
 
     # ------------------------------------------------------------------ joining nodes
     def create_bootstrap_token(self, ttl_s: float = 3600.0, node: str | None = None, description: str = "") -> dict:

@@ -6,6 +6,7 @@ variable (``APIARY_HOME``).
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from pathlib import Path
@@ -97,6 +98,14 @@ class Settings(BaseSettings):
     storage_max_upload_bytes: int = Field(
         default=10 * 1024**3, ge=0,
         description="Largest file a storage upload (PUT /api/v2/storages/configs/<name>/files) takes; larger is 413.")
+    image_build_max_bytes: int = Field(
+        default=256 * 1024**2, ge=0,
+        description="Largest build directory (the uploaded tar, and unpacked) of POST /api/v2/images/builds; "
+                    "larger is 413.")
+    registry: str | None = Field(
+        default=None,
+        description="The platform registry's host:port (the image catalogue, user builds); default the one "
+                    "apiary up --runtime docker recorded in home/run/urls.json, none with the process runtime.")
     max_instances: int = Field(default=1000, description="Most task instances one job may have (all roles).")
     rate_calls: str = Field(default="600/minute", description="API calls per user (limits notation; OpenPAI's).")
     rate_submits: str = Field(default="3600/hour", description="Job submissions per user (limits notation).")
@@ -105,6 +114,12 @@ class Settings(BaseSettings):
                                   "default home/oncall.yaml if present (apiary.response.config).")
     prometheus_url: str | None = Field(
         default=None, description="Prometheus the incidents' evidence queries go to (apiary up --monitoring sets it).")
+    mlflow_url: str | None = Field(
+        default=None, description="The MLflow tracking server (the model registry) as the control plane and the "
+                                  "tasks' nodes reach it; apiary up sets it when it runs MLflow. Unset: no MLflow "
+                                  "(tasks get no MLFLOW_* variables, the models routes list nothing).")
+    mlflow_ui_url: str | None = Field(
+        default=None, description="MLflow's UI as people reach it, for run links (default: mlflow_url).")
     public_url: str | None = Field(
         default=None, description="The API's URL as people reach it: the base of signed incident links.")
     github_webhook_secret: SecretStr | None = Field(
@@ -224,6 +239,18 @@ class Settings(BaseSettings):
     @property
     def cluster_path(self) -> Path:
         return self.home_dir / "cluster.yaml"
+
+    def resolved_registry(self) -> str | None:
+        """``host:port`` of :attr:`registry`, else of the registry recorded in ``home/run/urls.json``
+        (read on every call: ``apiary up`` starts the registry after the control plane); ``None``
+        when there is none."""
+        if self.registry:
+            return self.registry.removeprefix("http://")
+        try:
+            found = json.loads((self.run_dir / "urls.json").read_text()).get("registry")
+        except (OSError, ValueError):
+            return None
+        return str(found).removeprefix("http://") if found else None
 
     def cluster_id(self) -> str | None:
         """The platform identity recorded in home (:func:`ensure_cluster_id`); None before the first

@@ -43,7 +43,7 @@ from apiary import gcpolicy, gilpolicy
 from apiary.api import create_app
 from apiary.api.replica import ReplicaRouter
 from apiary.auth import Directory, bootstrap
-from apiary.auth.bootstrap import DEFAULT_GROUP
+from apiary.auth.bootstrap import ADMIN_USER, DEFAULT_GROUP
 from apiary.ci.intake import WebhookIntake
 from apiary.ci.starter import PrefectStarter
 from apiary.client import http_verify
@@ -56,7 +56,11 @@ from apiary.control.proxy import KEY_FILE as PROXY_KEY_FILE
 from apiary.control.proxy import InstanceSecrets
 from apiary.control.proxy import load_key as load_proxy_key
 from apiary.drills.board import DrillBoard
-from apiary.errors import ValidationError
+from apiary.errors import ConflictError, ValidationError
+from apiary.images.service import DockerBuilder, ImageService
+from apiary.marketplace import models as model_registry
+from apiary.marketplace.identity import KEY_FILE as MLFLOW_KEY_FILE
+from apiary.marketplace.templates import TemplateService, load_template_files
 from apiary.mounts.files import DIR_MODE
 from apiary.mounts.table import MountTable
 from apiary.ops.alertlog import AlertLog
@@ -128,6 +132,12 @@ class Wiring:
     #: Storage servers and configs, and their files as the control plane serves them.
     storage: StorageService | None = None
     storage_files: StorageFiles | None = None
+    #: The image catalogue over the platform registry, and user builds on this machine's dockerd.
+    images: ImageService | None = None
+    #: The job templates of the marketplace.
+    templates: TemplateService | None = None
+    #: The model registry of the marketplace (MLflow read as the caller) and its identity route.
+    models: model_registry.ModelRegistryParts | None = None
     _working: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> None:
@@ -245,6 +255,16 @@ def wire(settings: Settings, *, public_url: str, plane: ControlPlane | None = No
                DrillBoard(home / "drills.json"), incidents, escalator, loop,
                identity=settings.replica_id or default_identity(home),
                url=(settings.advertise_url or public_url).rstrip("/"), storage=storage, storage_files=files)
+    w.images = ImageService(settings.resolved_registry, builder=DockerBuilder(),
+                            max_context_bytes=settings.image_build_max_bytes)
+    w.templates = TemplateService(plane.sessions)
+    bootstrap_templates(w.templates, home)
+    # The model registry (MLflow, when apiary up runs it): each launch gets the tracking server and a
+    # secret of its own run (home/credentials/mlflow-task.key); templates resolve models as their caller.
+    w.models = model_registry.build(plane.sessions, directory, home / MLFLOW_KEY_FILE, mlflow_url=settings.mlflow_url,
+                            ui_url=settings.mlflow_ui_url)
+    plane.agents.task_env = w.models.task_env
+    w.templates.resolver = w.models.resolve
     if elect:
         engine: Engine = plane.sessions.kw["bind"]
         # The election's own commits go through sessions without the fence (they change the lease it checks).
@@ -270,6 +290,29 @@ HOME_STORAGE = "home"
 HOME_MOUNT_POINT = "/mnt/home"
 
 
+#: The templates ``apiary up`` publishes: one YAML document per file (apiary.spec.template).
+SHIPPED_TEMPLATES = Path(__file__).resolve().parents[2] / "examples" / "marketplace" / "templates"
+
+
+def bootstrap_templates(templates: TemplateService, home: Path, source: Path = SHIPPED_TEMPLATES) -> list[str]:
+    """Publish the shipped templates (``source/*.yaml``) as official ones owned by the admin, once per
+    home: ``home/marketplace/.bootstrapped`` records it, so a template an admin deleted or changed
+    stays so. A name that exists is left as it is (another replica seeded it). Returns the names
+    published. Raises ValidationError for a shipped template that is not valid."""
+    marker = home / "marketplace" / ".bootstrapped"
+    if marker.exists():
+        return []
+    docs = load_template_files(source) if source.is_dir() else []
+    try:
+        published = templates.seed(docs, ADMIN_USER)
+    except ConflictError:  # another replica seeded them in the meantime
+        published = []
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    logger.info("shipped templates published: %s", ", ".join(published) or "none")
+    return published
+
+
 def bootstrap_home_storage(storage: StorageService, directory: Directory, home: Path) -> None:
     """Create :data:`HOME_STORAGE` (server, config, grant) once per home: ``home/storage/.bootstrapped``
     records that it was done, so an admin who deletes or changes it is not overridden at the next start."""
@@ -293,7 +336,10 @@ def app_of(w: Wiring) -> FastAPI:
     """The REST API over ``w``'s parts, every one passed explicitly, behind the replica middleware
     (:class:`~apiary.api.replica.ReplicaRouter`, outermost: a follower forwards to the leader)."""
     app = create_app(w.plane, w.receiver, cluster_id=w.cluster_id, directory=w.directory, settings=w.settings,
-                     drills=w.drills, ci=w.ci, incidents=w.incidents, storage=w.storage, storage_files=w.storage_files)
+                     drills=w.drills, ci=w.ci, incidents=w.incidents, storage=w.storage, storage_files=w.storage_files,
+                     images=w.images, templates=w.templates,
+                     models=w.models.registry if w.models else None,
+                     mlflow_identity=w.models.identity if w.models else None)
     app.add_middleware(ReplicaRouter, role=w.role, verify=http_verify(w.settings.ca_cert))
     return app
 

@@ -27,12 +27,16 @@ import yaml
 from fastapi.testclient import TestClient
 from tests.support.auth import Principals, bearer
 from tests.support.builders import LAB6, job_text
+from tests.support.fake_registry import FakeRegistry, PushingBuilder, context_tar
+from tests.support.mlflow import fake_mlflow
 
 from apiary.api import create_app
 from apiary.api.access import ACCESS, FLOW_RUN, HIDDEN, ON_BEHALF, Access
 from apiary.auth import Directory
 from apiary.control import ControlPlane
 from apiary.control.jobssh import key_pair
+from apiary.images.service import ImageService
+from apiary.marketplace.models import ModelRegistry
 from apiary.mounts.table import MountTable
 from apiary.ops.alerts import ActionsConfig, AlertReceiver
 from apiary.response.config import ResponseConfig
@@ -91,8 +95,15 @@ class World:
                                                                 "path": "team"}])
         directory.set_storage_grant("default", "team")
         files = StorageFiles(storage, MountTable(tmp / "mounts"), max_upload_bytes=1 << 20)
+        # Images: a fake registry holding the shared apiary/mnist, builds pushed into it.
+        self.registry = FakeRegistry().start()
+        self.registry.push("apiary/mnist", "latest", {"io.apiary.framework": "numpy"})
+        images = ImageService(lambda: self.registry.address, builder=PushingBuilder(self.registry))
+        # The model registry over an MLflow stand-in: model mnist is alice's (MLflow lets her and admins read it).
+        models = ModelRegistry("http://mlflow.test", transport=fake_mlflow(
+            {h["Authorization"].partition(" ")[2] for h in (self.headers["alice"], self.headers["admin"])}))
         self.client = TestClient(create_app(self.plane, AlertReceiver(self.plane, ActionsConfig(), notifiers={}),
-                                            storage=storage, storage_files=files))
+                                            storage=storage, storage_files=files, images=images, models=models))
         self.client.__enter__()
         c, h = self.client, self.headers
         for node in (CAROL, DAN):
@@ -125,6 +136,7 @@ class World:
             self.task_server.shutdown()
             self.task_server.server_close()
         self.client.__exit__(None, None, None)
+        self.registry.stop()
         self.engine.dispose()
 
 
@@ -234,6 +246,26 @@ def _fresh_file(w: World) -> str:
 
 
 _S = "/api/v2/storages"
+_T = "/api/v2/templates"
+
+
+def _template_doc(name: str, **extra: Any) -> dict:
+    """A template of alice's job shape (VC default), with one parameter."""
+    job = yaml.safe_load(secret_job("tj"))
+    job["parameters"] = {"steps": 1}
+    return {"name": name, "summary": "authz", "job": yaml.safe_dump(job, sort_keys=False), **extra}
+
+
+def _alices_template(w: World) -> str:
+    name = f"t{next(_seq)}"
+    w.client.post(_T, json=_template_doc(name), headers=w.headers["alice"]).raise_for_status()
+    return name
+
+
+def _image_build(**params: str) -> Target:
+    return Target("/api/v2/images/builds", {"params": {"name": f"i{next(_seq)}", **params},
+                                            "content": context_tar("FROM apiary/base:bookworm\n"),
+                                            "headers": {"Content-Type": "application/octet-stream"}})
 
 
 def _alices_token(w: World) -> str:
@@ -360,6 +392,19 @@ REQUESTS: dict[tuple[str, str], Make] = {
         "params": {"path": f"up{next(_seq)}"}, "content": b"x"}, storage="team"),
     ("DELETE", _S + "/configs/{name}/files"): lambda w, who: Target(f"{_S}/configs/team/files", {
         "params": {"path": _fresh_file(w)}}, storage="team"),
+    ("POST", _T): lambda w, who: Target(_T, {"json": _template_doc(f"n{next(_seq)}")}),
+    ("GET", _T + "/{name}"): lambda w, who: Target(f"{_T}/{_alices_template(w)}"),
+    ("PUT", _T + "/{name}"): lambda w, who: Target(f"{_T}/{_alices_template(w)}", {
+        "json": {k: v for k, v in _template_doc("x", summary="changed").items() if k != "name"}}, owner="alice"),
+    ("DELETE", _T + "/{name}"): lambda w, who: Target(f"{_T}/{_alices_template(w)}", owner="alice"),
+    ("POST", _T + "/{name}/runs"): lambda w, who: Target(f"{_T}/{_alices_template(w)}/runs", {
+        "json": {"parameters": {"steps": 2}}}, vc="default"),
+    # Model mnist is alice's in the MLflow stand-in (World).
+    **{("GET", "/api/v2/models/{name}" + tail): lambda w, who, t=tail: Target(
+        "/api/v2/models/mnist" + t.replace("{version}", "1"), owner="alice")
+       for tail in ("", "/versions/{version}", "/versions/{version}/download")},
+    ("GET", "/api/v2/images/{repository}"): lambda w, who: Target("/api/v2/images/apiary/mnist"),
+    ("POST", "/api/v2/images/builds"): lambda w, who: _image_build(),
     ("POST", "/api/v2/tokens"): lambda w, who: Target("/api/v2/tokens", {"json": {}}),
     ("DELETE", "/api/v2/tokens/{token_id}"): lambda w, who: Target(f"/api/v2/tokens/{_alices_token(w)}", owner="alice"),
     ("POST", "/api/v2/bootstrap-tokens"): lambda w, who: Target("/api/v2/bootstrap-tokens", {"json": {}}),
@@ -424,6 +469,17 @@ VARIANTS: dict[tuple[str, str, frozenset[str]], Make] = {
         REQUESTS[("POST", "/api/v2/jobs/{job_id}/clone")], **{FLOW_RUN: _run(next(_seq))})(w, who),
     ("POST", "/api/v2/alerts/webhook", frozenset({"?action"})): lambda w, who: Target(
         "/api/v2/alerts/webhook", {"json": _alert("ApiaryTestAlert2"), "params": {"action": "stop-job"}}),
+    ("POST", _T, frozenset({"official"})): lambda w, who: Target(_T, {"json": _template_doc(
+        f"n{next(_seq)}", official=True)}),
+    ("PUT", _T + "/{name}", frozenset({"official"})): lambda w, who: Target(f"{_T}/{_alices_template(w)}", {
+        "json": {k: v for k, v in _template_doc("x", official=True).items() if k != "name"}}, owner="alice"),
+    ("POST", _T + "/{name}/runs", frozenset({ON_BEHALF})): lambda w, who: _with(
+        REQUESTS[("POST", _T + "/{name}/runs")], **{ON_BEHALF: "alice"})(w, who),
+    ("POST", _T + "/{name}/runs", frozenset({FLOW_RUN})): lambda w, who: _with(
+        REQUESTS[("POST", _T + "/{name}/runs")], **{FLOW_RUN: _run(next(_seq))})(w, who),
+    ("POST", _T + "/{name}/runs", frozenset({ON_BEHALF, FLOW_RUN})): lambda w, who: _with(
+        REQUESTS[("POST", _T + "/{name}/runs")], **{ON_BEHALF: "alice", FLOW_RUN: _run(next(_seq))})(w, who),
+    ("POST", "/api/v2/images/builds", frozenset({"?shared"})): lambda w, who: _image_build(shared="true"),
     ("POST", "/api/v2/tokens", frozenset({"machine-or-other-or-unexpiring"})): lambda w, who: Target(
         "/api/v2/tokens", {"json": {"kind": "agent", "subject": DAN}}),
 }

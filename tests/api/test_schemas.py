@@ -84,10 +84,10 @@ def test_every_route_documents_its_answer(client: TestClient) -> None:
                 for code in ("4XX", "5XX"):
                     assert "application/json" in op["responses"][code]["content"], f"{method} {path} {code}"
             seen += 1
-    assert seen == 89  # 26 job, cluster, node, agent and alert routes; 17 identity routes; 2 drill routes; 7 CI
+    assert seen == 103  # 26 job, cluster, node, agent and alert routes; 17 identity routes; 2 drill routes; 7 CI
     # routes; 11 incident and on-call routes (the signed-link pages are left out: they are for browsers); 5 routes
     # of joining nodes; 12 storage routes; 4 ssh routes (a user's keys, a job's SSH info); 5 methods of the proxy
-    # to a task's port
+    # to a task's port; 3 image catalogue routes; 6 template routes; 5 model registry routes (4 models, 1 identity)
     props = spec["components"]["schemas"]
     assert {"retryDetails", "tasks", "waitingReason"} <= set(props["JobJson"]["properties"])
     assert "faultsApplied" in props["NodeReport"]["properties"]

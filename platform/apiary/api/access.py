@@ -169,6 +169,34 @@ ACCESS: dict[tuple[str, str], Access] = {
                                                           note="a read-only mount info: admins only (403)"),
     ("DELETE", "/api/v2/storages/configs/{name}/files"): _a("admin", "storage",
                                                              note="a read-only mount info: admins only (403)"),
+    # job templates (the marketplace): visibility hides a template from users outside it (404)
+    ("GET", "/api/v2/templates"): _a("user", "bridge", note="users see the templates visible to them"),
+    ("POST", "/api/v2/templates"): _a("user", only={"official": frozenset({"admin"})},
+                                      note="the publisher owns it; official: admins only"),
+    ("GET", "/api/v2/templates/{name}"): _a("user", "bridge", note="a template not visible to the user: 404"),
+    ("PUT", "/api/v2/templates/{name}"): _a("owner", "admin", only={"official": frozenset({"admin"})},
+                                            note="official: admins only"),
+    ("DELETE", "/api/v2/templates/{name}"): _a("owner", "admin"),
+    ("POST", "/api/v2/templates/{name}/runs"): _a(
+        "admin", "vc", "bridge", only={ON_BEHALF: frozenset({"bridge"}), FLOW_RUN: frozenset(_LINKERS)},
+        needs={"bridge": ON_BEHALF},
+        note=f"as POST /api/v2/jobs, for the template's job; {ON_BEHALF} names a user who may see the template"),
+    # the image catalogue (the marketplace): apiary/... is shared, users/<user>/... that user's
+    ("GET", "/api/v2/images"): _a("user", note="users see the shared images and their own (admins: all)"),
+    ("GET", "/api/v2/images/{repository}"): _a("user", note="another user's image: 404, as one that does not exist"),
+    ("POST", "/api/v2/images/builds"): _a("user", only={"?shared": frozenset({"admin"})},
+                                          note="pushed as users/<caller>/<name>; ?shared=true (apiary/<name>): "
+                                               "admins only"),
+    # the model registry (MLflow): the caller's own token goes to MLflow, whose permissions decide
+    ("GET", "/api/v2/models"): _a("user", note="the registered models MLflow lets the caller read"),
+    **{("GET", "/api/v2/models/{name}" + tail): _a(
+        "owner", "admin", sees=("owner", "admin"), hidden_to=("user",),
+        note="owner: a user MLflow lets read the model (its creator, or granted it); admins are MLflow admins; "
+             "others: 404, as for a model that does not exist")
+       for tail in ("", "/versions/{version}", "/versions/{version}/download")},
+    ("GET", "/api/v2/mlflow/identity"): _a(
+        "user", note="also a task's MLflow secret (MLFLOW_TRACKING_TOKEN) while its run is live: its job's user; "
+                     "the MLflow server's plugin asks it"),
     ("GET", "/api/v2/tokens"): _a("user", "bridge", note="users list their own"),
     ("POST", "/api/v2/tokens"): _a(
         "user", only={"machine-or-other-or-unexpiring": frozenset({"admin"})},

@@ -25,6 +25,7 @@ have a 405 whose ``Allow`` lists the path's methods, an unexpected exception a 5
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import secrets
@@ -47,6 +48,7 @@ from apiary.api.guards import BodyLimitMiddleware, RateLimiter, error_response
 from apiary.api.heartbeat import HeartbeatFastPath
 from apiary.api.longpoll import NodeWaiters
 from apiary.api.routers import join
+from apiary.api.routers.jobs import submit_text
 from apiary.api.schemas import ERROR_RESPONSES, Health, job_protocol_components
 from apiary.api.submit_path import SubmitFastPath
 from apiary.auth import Directory
@@ -67,6 +69,10 @@ from apiary.errors import (
     UserError,
     ValidationError,
 )
+from apiary.images.service import ImageService
+from apiary.marketplace.identity import MlflowIdentity, TaskTokens
+from apiary.marketplace.models import ModelRegistry
+from apiary.marketplace.templates import TemplateService
 from apiary.monitoring.ci_metrics import CiCollector
 from apiary.monitoring.incident_metrics import IncidentCollector
 from apiary.monitoring.platform_metrics import PlatformCollector
@@ -88,7 +94,9 @@ def create_app(
     directory: Directory | None = None, settings: Settings | None = None, drills: DrillBoard | None = None,
     ci: WebhookIntake | None = None, incidents: IncidentService | None = None, link_secret: str | None = None,
     bootstrap_tokens: BootstrapTokens | None = None, storage: StorageService | None = None,
-    storage_files: StorageFiles | None = None,
+    storage_files: StorageFiles | None = None, templates: TemplateService | None = None,
+    images: ImageService | None = None, models: ModelRegistry | None = None,
+    mlflow_identity: MlflowIdentity | None = None,
 ) -> FastAPI:
     """The app over ``plane``; ``receiver`` handles Alertmanager's webhook (default: the
     packaged actions config, or ``APIARY_ALERT_ACTIONS``); ``cluster_id`` is the platform's identity
@@ -102,8 +110,13 @@ def create_app(
     its link routes answer 403); ``bootstrap_tokens`` are the tokens nodes join with (default: over
     the plane's store, issuing agent tokens through ``directory``); ``storage`` the storage servers
     and configs (default: over the plane's store) and ``storage_files`` their files (default: none,
-    the files routes answer 503). The control-plane process
-    passes every piece (:func:`apiary.wiring.app_of`); the defaults serve in-process apps (tests, tools)."""
+    the files routes answer 503); ``templates`` the job templates (default: over the plane's store,
+    no model registry); their runs submit through the path of ``POST /api/v2/jobs``; ``images`` the
+    image catalogue (default: over ``settings``' registry, building nothing: builds answer 503).
+    ``models`` the model registry (MLflow, read as the caller; default: none, no models) and
+    ``mlflow_identity`` who a token is for MLflow's plugin (default: users only, with a key of its own).
+    The control-plane process passes every piece (:func:`apiary.wiring.app_of`); the defaults serve
+    in-process apps (tests, tools)."""
     settings = settings or Settings()
     if receiver is None:
         receiver = AlertReceiver(plane, ActionsConfig.load(settings.alert_actions))
@@ -127,6 +140,13 @@ def create_app(
     app.state.cluster_id = cluster_id
     app.state.storage = storage = storage or StorageService(plane.sessions)
     app.state.storage_files = storage_files
+    app.state.images = images or ImageService(settings.resolved_registry)
+    app.state.models = models or ModelRegistry(None)
+    app.state.mlflow_identity = mlflow_identity or MlflowIdentity(plane.sessions, directory,
+                                                                  TaskTokens(secrets.token_bytes(32)))
+    app.state.templates = templates = templates or TemplateService(plane.sessions)
+    if templates.submit is None:  # a template's run is a submission as POST /api/v2/jobs makes it
+        templates.submit = functools.partial(submit_text, app.state)
     if plane.agents.plan_mounts is None:  # an in-process app: tasks mount what the directory grants
         plane.agents.plan_mounts = MountPlanner(storage, directory.storage_grants).plan
     if plane.agents.instance_secrets is None:

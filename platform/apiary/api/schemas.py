@@ -279,6 +279,19 @@ class TaskJson(BaseModel):
     completionTime: str | None
 
 
+class MlflowRunJson(BaseModel):
+    """One MLflow run of a job (the model registry, :mod:`apiary.marketplace.models`)."""
+
+    runId: str
+    experimentId: str | None = None
+    status: str | None = None
+    url: str | None = Field(default=None, description="The run in MLflow's UI.")
+    metrics: dict[str, float] = Field(default_factory=dict, description="Each metric's last value.")
+    tags: dict[str, str] = Field(default_factory=dict, description="Its apiary.* tags and mlflow.user.")
+    startedAt: str | None = None
+    endedAt: str | None = None
+
+
 class JobStorageJson(BaseModel):
     """One mount of a job's tasks: config ``config``'s ``path`` on ``server`` at ``mountPoint``."""
 
@@ -322,6 +335,8 @@ class JobDetailJson(JobJson):
 
     storage: list[JobStorageJson] | None = Field(default=None, description="What its tasks mount (absent: none).")
     storageError: str | None = Field(default=None, description="Why its storage cannot be mounted now.")
+    mlflowRuns: list[MlflowRunJson] | None = Field(
+        default=None, description="Its MLflow runs (tag apiary.job) the caller may read, newest first (absent: none).")
 
 
 class EventJson(BaseModel):

@@ -35,10 +35,12 @@ from apiary.cli.jobopen import add_job_open_command
 from apiary.cli.jobssh import add_job_ssh_command
 from apiary.cli.join import agent_join, bootstrap_token_app
 from apiary.cli.load import load_app
+from apiary.cli.model import model_app
 from apiary.cli.rollout import add_rollout_commands
 from apiary.cli.sim import sim_app
 from apiary.cli.storage import storage_app
 from apiary.cli.tables import COMPACT, folded, print_rows, uncut, when, word
+from apiary.cli.template import template_app
 from apiary.errors import ApiaryError, PortInUseError
 from apiary.procutil import use_private_umask
 
@@ -68,6 +70,8 @@ app.add_typer(aiops_app, name="aiops")
 app.add_typer(hosts_app, name="hosts")
 app.add_typer(ca_app, name="ca")
 app.add_typer(storage_app, name="storage")
+app.add_typer(model_app, name="model")
+app.add_typer(template_app, name="template")
 app.command("hollow-nodes")(hollow_nodes)
 app.command("oncall")(oncall_command)
 add_identity_commands(app, lambda token=None: _client(token), lambda e: _fail(e))
@@ -126,7 +130,7 @@ def up(
         cluster = Path(__file__).resolve().parents[3] / "examples/lab6/hived-config-two-vcs.yaml"
     platform = Embedded(home=settings.home_dir, cluster=cluster, api_port=port, prefect=prefect, monitoring=monitoring,
                         runtime=runtime, drill_schedules=True, prefect_port=prefect_port,
-                        simulated_gpus=True if simulated_gpus else None)
+                        simulated_gpus=True if simulated_gpus else None, mlflow=True)
     stopping = {"flag": False}
 
     def _term(*_):
@@ -143,6 +147,11 @@ def up(
         if platform.registry is not None:
             console.print(f"Registry:    {platform.registry.url}   (apiary image build-base; apiary image build mnist; "
                           f"image map: {settings.home_dir / 'image-map.yaml'})")
+        if platform.mlflow_server is not None:
+            console.print(f"MLflow:      {platform.mlflow_server.url}   (the model registry: apiary model list; "
+                          f"its UI and API take an Apiary token as Authorization: Bearer)")
+        else:
+            console.print("MLflow:      not installed (make setup makes .venv-mlflow); no model registry")
         if platform.prometheus_url:
             console.print(f"Prometheus:  {platform.prometheus_url}   Alertmanager: {platform.alertmanager_url}")
         console.print(f"GPUs:        {platform.gpu_note}", markup=False, highlight=False)
@@ -378,6 +387,13 @@ def print_job(job: dict) -> None:
                         for m in mounts])
         if job.get("storageError"):
             console.print(f"storage: {job['storageError']}", markup=False, highlight=False)
+    runs = job.get("mlflowRuns") or []
+    if runs:  # its MLflow runs (apiary model get NAME/VERSION shows a model's run and job)
+        console.print()
+        print_rows(console, ("mlflow run", "status", "task", "metrics", "link"),
+                   [(r["runId"], r.get("status") or "-", (r.get("tags") or {}).get("apiary.task", "-"),
+                     " ".join(f"{k}={v:.4g}" for k, v in sorted((r.get("metrics") or {}).items())[:4]) or "-",
+                     r.get("url") or "-") for r in runs])
 
 
 @job_app.command("list")

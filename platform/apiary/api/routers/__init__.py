@@ -8,16 +8,19 @@ from apiary.api.routers import (
     cluster,
     drills,
     identity,
+    images,
     incidents,
     jobs,
+    models,
     nodes,
     proxy,
     ssh,
     storages,
+    templates,
 )
 
 ALL = (jobs.router, cluster.router, nodes.router, alerts.router, agents.router, identity.router, drills.router,
        ci.router, ci_records.router, incidents.router, storages.router, proxy.router,
-       ssh.router)
+       ssh.router, templates.router, images.router, models.router, models.identity_router)
 
 __all__ = ["ALL"]

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from apiary.api.auth import AdminOrBridge, Caller, Dir, People, Submitter
+from apiary.api.auth import AdminOrBridge, Caller, Dir, People, Submitter, bearer
 from apiary.api.deps import Plane
 from apiary.api.guards import RateLimiter, plain_text
 from apiary.api.schemas import (
@@ -34,7 +34,8 @@ from apiary.api.schemas import (
 from apiary.auth import Directory, Principal
 from apiary.control import ControlPlane
 from apiary.errors import ApiaryError, ForbiddenError, NotFoundError, ValidationError
-from apiary.spec.job import JobSpec
+from apiary.images.namespaces import check_job_image
+from apiary.spec.job import DockerImagePrerequisite, JobSpec
 from apiary.storage.service import StorageService
 
 router = APIRouter(prefix="/api/v2", tags=["jobs"], responses=ERROR_RESPONSES,
@@ -66,10 +67,15 @@ def _owned(plane: ControlPlane, caller: Principal, job_id: str, what: str) -> No
 def vc_check(who: Principal, storage: StorageService | None = None) -> Callable[[JobSpec], None]:
     """Refuse a spec whose virtual cluster ``who``'s groups do not grant (OpenPAI's message), and,
     with ``storage``, one that names a storage config that does not exist (400 naming the field)
-    or that ``who``'s groups do not grant (403 naming it): :meth:`StorageService.check_submit`."""
+    or that ``who``'s groups do not grant (403 naming it): :meth:`StorageService.check_submit`.
+    A ``dockerimage`` prerequisite naming another user's catalogue image (``users/<other>/...``) is
+    a 403 naming it (:func:`apiary.images.namespaces.check_job_image`)."""
     def check(spec: JobSpec) -> None:
         if not who.can_use(spec.virtual_cluster):
             raise ForbiddenError(f"User {who.name} has no access to virtual cluster {spec.virtual_cluster}.")
+        for i, prerequisite in enumerate(spec.prerequisites or []):
+            if isinstance(prerequisite, DockerImagePrerequisite):
+                check_job_image(prerequisite.uri, who.name, who.admin, field=f"prerequisites[{i}].uri")
         if storage is not None:
             storage.check_submit(spec.storage_requests(), admin=who.admin, granted=who.storage_configs)
     return check
@@ -138,6 +144,21 @@ async def accept_submission(state: Any, who: Principal, body: Callable[[], Await
     return job
 
 
+def submit_text(state: Any, text: str, who: Principal, flow_run_id: str | None) -> dict:
+    """:func:`accept_submission` for job text already in hand, blocking: call it off the event loop.
+    The same checks in the same order (``who``'s submission limit unless an admin, the plane's
+    group commit with ``who``'s VC and storage grants checked, then the limit counted). The
+    template runs (:mod:`apiary.marketplace.templates`) submit through it."""
+    limiter: RateLimiter | None = getattr(state, "limiter", None) if not who.admin else None
+    if limiter is not None:
+        limiter.check_submit(who.name)
+    job: dict = state.plane.submit(text, who.name, flow_run_id=flow_run_id,
+                                   authorize=vc_check(who, getattr(state, "storage", None)))
+    if limiter is not None:
+        limiter.count_submit(who.name)
+    return job
+
+
 @router.post("/jobs/{job_id}/clone", status_code=202, response_model=JobJson)
 async def clone(job_id: str, request: Request, plane: Plane, directory: Dir, caller: People,
                 x_apiary_flow_run_id: FlowRunHeader = None) -> dict:
@@ -186,11 +207,17 @@ def list_jobs(
 
 
 @router.get("/jobs/{job_id}", response_model=JobDetailJson, response_model_exclude_unset=True)
-def get_job(job_id: str, plane: Plane, caller: People) -> dict:
+def get_job(job_id: str, plane: Plane, caller: People, request: Request) -> dict:
     """One job (404 also for a job the caller may not see), with what its tasks mount (``storage``:
-    the configs' files are where a job's outputs go) or why they cannot now (``storageError``)."""
+    the configs' files are where a job's outputs go) or why they cannot now (``storageError``), and
+    for a user its MLflow runs that user may read (``mlflowRuns``: runs tagged ``apiary.job``)."""
     _visible(plane, caller, job_id)
     job = plane.get_job(job_id)
+    models = getattr(request.app.state, "models", None)
+    if models is not None and models.enabled and caller.kind == "user":
+        runs = models.job_runs(bearer(request), job_id)  # as the caller: MLflow's permissions decide
+        if runs:
+            job["mlflowRuns"] = runs
     plan = plane.agents.plan_mounts
     if plan is not None:
         try:
