@@ -17,6 +17,8 @@ from __future__ import annotations
 import shlex
 import time
 
+from apiary.images.namespaces import dockerfile_instructions
+
 OCI = "org.opencontainers.image"
 TITLE = f"{OCI}.title"
 DESCRIPTION = f"{OCI}.description"
@@ -57,15 +59,7 @@ def dockerfile_labels(text: str) -> dict[str, str]:
     values unquoted as a shell would); later ones win, as in Docker. ``LABEL`` with a variable is
     read as written."""
     out: dict[str, str] = {}
-    current = ""
-    for raw in text.splitlines():
-        stripped = raw.strip()
-        if not current and (not stripped or stripped.startswith("#")):
-            continue
-        if stripped.endswith("\\"):
-            current += stripped[:-1] + " "
-            continue
-        line, current = current + stripped, ""
+    for line in dockerfile_instructions(text):
         head, _, rest = line.partition(" ")
         if head.upper() != "LABEL":
             continue

@@ -138,7 +138,7 @@ _FROM = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
 _COPY_FROM = re.compile(r"--from=(\S+)", re.IGNORECASE)
 
 
-def _logical_lines(text: str) -> list[str]:
+def dockerfile_instructions(text: str) -> list[str]:
     """The Dockerfile's instructions, continuation lines joined, comments and blanks dropped."""
     out: list[str] = []
     current = ""
@@ -208,7 +208,7 @@ def check_dockerfile(text: str, registry: str, shared_tags: set[str] | None = No
         out.append(f"{prefix}{flags}{target}{rest}")
     if froms == 0:
         raise ValidationError("FROM", "the Dockerfile has no FROM line")
-    for instruction in _logical_lines(text):
+    for instruction in dockerfile_instructions(text):
         if re.match(r"^(COPY|ADD)\s", instruction, re.IGNORECASE):
             for source in _COPY_FROM.findall(instruction):
                 if source.lower() not in stages and not source.isdigit():
