@@ -79,6 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="write scikit-learn's digits set to PATH (npz: data, target) and exit")
     parser.add_argument("--register-model", metavar="NAME",
                         help="with MLFLOW_TRACKING_URI set: register the trained model as a new version of NAME")
+    parser.add_argument("--init-model", metavar="URI",
+                        help="with MLFLOW_TRACKING_URI set: start from the weights of registered model version URI "
+                             "(models:/NAME/VERSION) instead of random ones (fine-tuning)")
     args = parser.parse_args(argv)
     if not 0 < args.test_fraction < 1:
         parser.error(f"argument --test-fraction: must be between 0 and 1, got {args.test_fraction}")
@@ -214,7 +217,7 @@ class Tracking:
                                  mlflow_rest.task_tags(env, "examples/mnist/main.py"))
         client.log_batch(info["run_id"], params={
             "epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size, "hidden": args.hidden,
-            "seed": args.seed, "test_fraction": args.test_fraction})
+            "seed": args.seed, "test_fraction": args.test_fraction, "init_model": args.init_model or ""})
         print(f"mlflow: run {info['run_id']} in experiment {experiment}", flush=True)
         return cls(client, info)
 
@@ -230,6 +233,22 @@ class Tracking:
         if register:
             version = self.client.register_version(register, self.info["artifact_uri"] + "/model", self.run_id)
             print(f"mlflow: registered model {register} version {version['version']}", flush=True)
+
+
+def init_from(model: MLP, client: object, uri: str) -> None:
+    """Overwrite ``model``'s weights (in place: its optimizer holds the arrays) with those of
+    registered model version ``uri``'s ``model.npz``. Raises ValueError when its shapes differ
+    (another ``--hidden``), and the client's errors (:mod:`mlflow_rest`)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = client.download_model_file(uri, "model.npz", Path(tmp))  # type: ignore[attr-defined]
+        with np.load(path) as f:
+            for key in ("w1", "b1", "w2", "b2"):
+                mine = getattr(model, key)
+                if f[key].shape != mine.shape:
+                    raise ValueError(f"{uri}: {key} is {f[key].shape}, this model's is {mine.shape} (--hidden?)")
+                mine[...] = f[key]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,6 +280,17 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     rng = np.random.default_rng(args.seed)
     model = MLP(x_train.shape[1], args.hidden, 10, rng)
+    if args.init_model:
+        try:
+            if tracking is None:
+                raise ValueError("--init-model needs MLFLOW_TRACKING_URI (the model registry)")
+            init_from(model, tracking.client, args.init_model)
+        except Exception as exc:  # noqa: BLE001 - the registry's refusal or a model of another shape
+            print(f"error: --init-model: {exc}", file=sys.stderr, flush=True)
+            if tracking is not None:
+                tracking.client.end_run(tracking.run_id, "FAILED")
+            return 1
+        print(f"init: weights from {args.init_model}", flush=True)
     test_acc = train_acc = loss_mean = 0.0
     with np.errstate(over="ignore", invalid="ignore"):
         for epoch in range(1, args.epochs + 1):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -157,6 +158,28 @@ class Client:
                 raise
         return self.call("POST", "model-versions/create", {"name": name, "source": source, "run_id": run_id})[
             "model_version"]
+
+
+    def download_model_file(self, uri: str, filename: str, dest: Path) -> Path:
+        """Download file ``filename`` of registered model version ``uri`` (``models:/NAME/VERSION``,
+        as the platform resolves a template's model parameter) into directory ``dest``; returns its
+        path. Asks the registry where the version's files are (``model-versions/get-download-uri``)
+        and reads them through the server's artifact proxy. Raises ValueError for a URI of another
+        form, MlflowError for the registry's refusal (no such version, no permission)."""
+        match = re.fullmatch(r"models:/([^/]+)/([0-9]+)", uri)
+        if match is None:
+            raise ValueError(f"{uri!r} is not a registered model version models:/NAME/VERSION")
+        name, version = urllib.parse.unquote(match[1]), match[2]
+        source = self.call("GET", "model-versions/get-download-uri", query={"name": name, "version": version})[
+            "artifact_uri"]
+        if not source.startswith("mlflow-artifacts:"):
+            raise MlflowError(0, "", f"model {name}/{version} is at {source!r}, not served by the tracking server")
+        rel = urllib.parse.urlparse(source).path.strip("/")
+        data = self._request("GET", f"{ARTIFACTS}/{urllib.parse.quote(rel + '/' + filename)}", None,
+                             "application/octet-stream")
+        path = dest / filename
+        path.write_bytes(data)
+        return path
 
 
 def task_tags(env: dict[str, str], source: str) -> dict[str, str]:

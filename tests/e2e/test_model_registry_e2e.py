@@ -16,13 +16,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 from tests.support.mlflow import needs_mlflow
 from tests.support.mnist import load_mnist
 from tests.support.polling import done, until
-
-from apiary.client import ApiaryClient
-from apiary.embedded import REPO_ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.mlflow, needs_mlflow, pytest.mark.timeout(900)]
 
@@ -116,20 +112,17 @@ def test_a_job_registers_its_model_and_only_its_user_reads_it(platform_factory, 
     # No token Apiary knows, no access.
     assert mlflow_status(mlflow, "not-a-token", "registered-models/search") == 401
 
-    # A template's model parameter resolves as its caller, through MLflow: alice's to models:/mnist/1,
-    # bob's refused with the parameter named.
-    job = yaml.safe_load((REPO_ROOT / "examples" / "lab6" / "job-config-0.yaml").read_text())
-    job.update(name="use-model", parameters={"checkpoint": "mnist/1"}, defaults={"virtualCluster": "default"})
-    job["taskRoles"]["train"]["commands"] = ["echo MODEL=<% $parameters.checkpoint %>"]
-    admin.as_token(alice).publish_template({"name": "use-model", "summary": "echo a model",
-                                            "job": yaml.safe_dump(job, sort_keys=False),
-                                            "parameterSchema": {"checkpoint": {"type": "model"}}})
-    used = admin.as_token(alice).run_template("use-model", {"checkpoint": "mnist/1"})
-    assert done(c, used["id"])["state"] == "SUCCEEDED"
-    assert "MODEL=models:/mnist/1" in c.logs(used["id"], "train", 0)
-    with pytest.raises(Exception) as refused:
-        admin.as_token(bob).run_template("use-model", {"checkpoint": "mnist/1"})
-    assert getattr(refused.value, "status_code", None) in (400, 404), refused.value
+    # From model to job: the mnist-finetune template's model parameter resolves as its caller, through
+    # MLflow; alice's job starts from mnist/1 and registers version 2; bob's run is refused.
+    tuned = cli(p.home, alice, "template", "run", "mnist-finetune", "-p", "base_model=mnist/1", "-p", "epochs=1")
+    assert tuned.returncode == 0, tuned.stderr
+    tuned_id = tuned.stdout.split()[0]
+    assert done(c, tuned_id)["state"] == "SUCCEEDED", c.logs(tuned_id, "train", 0, stream="stderr")
+    log = c.logs(tuned_id, "train", 0)
+    assert "init: weights from models:/mnist/1" in log and "registered model mnist version 2" in log, log
+    assert json.loads(cli(p.home, alice, "model", "get", "mnist/2", "--json").stdout)["job"]["id"] == tuned_id
+    refused = cli(p.home, bob, "template", "run", "mnist-finetune", "-p", "base_model=mnist/1")
+    assert refused.returncode == 1 and "base_model" in refused.stderr, refused.stderr
 
     # MLflow is a supervised child: killed, it is back on the same URL with the same registry.
     child = p.children["mlflow"]

@@ -172,3 +172,30 @@ def test_a_users_experiment_name_is_reserved_for_them(server: MlflowServer, trai
     assert create(BOB, "users/carol") == 403
     assert create(BOB, "users/bob") == 200
     assert mlflow_get(server, BOB, "experiments/get-by-name", experiment_name="users/bob")[0] == 200
+
+
+def run_mnist(server: MlflowServer, token: str, user: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "MLFLOW_TRACKING_URI": server.url, "MLFLOW_TRACKING_TOKEN": token,
+           "MLFLOW_EXPERIMENT_NAME": f"users/{user}", "PAI_USER_NAME": user}
+    return subprocess.run([sys.executable, str(MAIN), "--lr", "0.01", *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def first_loss(stdout: str) -> float:
+    line = next(line for line in stdout.splitlines() if line.startswith("epoch 1/"))
+    return float(line.split("loss=")[1].split()[0])
+
+
+def test_mnist_fine_tunes_from_a_registered_version_its_user_may_read(server: MlflowServer, trained: dict) -> None:
+    """--init-model starts from mnist/1's weights: the first epoch's loss is well below that of the
+    same run from random weights (same seed, same data); bob may not read mnist/1 and fails."""
+    tuned = run_mnist(server, ALICE, "alice", "--epochs", "1", "--init-model", "models:/mnist/1")
+    assert tuned.returncode == 0, tuned.stderr
+    assert "init: weights from models:/mnist/1" in tuned.stdout
+    fresh = run_mnist(server, ALICE, "alice", "--epochs", "1")
+    assert fresh.returncode == 0, fresh.stderr
+    assert first_loss(tuned.stdout) < 0.5 * first_loss(fresh.stdout), (tuned.stdout, fresh.stdout)
+    refused = run_mnist(server, BOB, "bob", "--epochs", "1", "--init-model", "models:/mnist/1")
+    assert refused.returncode == 1 and "--init-model" in refused.stderr and "403" in refused.stderr, refused.stderr
+    wrong = run_mnist(server, ALICE, "alice", "--epochs", "1", "--hidden", "32", "--init-model", "models:/mnist/1")
+    assert wrong.returncode == 1 and "--hidden" in wrong.stderr, wrong.stderr

@@ -210,7 +210,7 @@ def test_coerce_and_assignments() -> None:
 def test_each_shipped_template_parses_and_renders_a_valid_job(path: Path) -> None:
     t = parse_template(path.read_text())
     assert t.name == path.stem and t.summary and t.description and t.tags
-    out = render(t, {}, suffix="x")
+    out = render(t, {}, suffix="x", resolve=lambda ref: f"models:/{ref}")
     spec = parse_job(out)
     for role in spec.task_roles:
         assert all("<%" not in c for c in spec.render_commands(role))
@@ -221,3 +221,16 @@ def test_mnist_template_passes_its_parameters_to_the_script() -> None:
     out = parse_job(render(t, {"epochs": "2", "lr": "0.05", "batch_size": 32}, suffix="x"))
     [command] = out.render_commands("train")
     assert "--epochs 2 " in command and "--lr 0.05 " in command and "--batch-size 32 " in command
+
+
+def test_a_model_parameter_the_registry_refuses_is_named_in_the_error() -> None:
+    t = parse_template((SHIPPED / "mnist-finetune.yaml").read_text())
+
+    def refuse(ref: str) -> str:
+        raise NotFoundError(f"no model {ref}")
+
+    with pytest.raises(NotFoundError, match=r"^parameters\.base_model: no model mnist/7$"):
+        render(t, {"base_model": "mnist/7"}, suffix="x", resolve=refuse)
+    [command] = parse_job(render(t, {"base_model": "mnist/7"}, suffix="x",
+                                 resolve=lambda ref: f"models:/{ref}")).render_commands("train")
+    assert '--init-model "models:/mnist/7"' in command or "--init-model models:/mnist/7" in command

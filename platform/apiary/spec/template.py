@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 import yaml
 
-from apiary.errors import ValidationError
+from apiary.errors import ForbiddenError, NotFoundError, ValidationError
 from apiary.spec import safeyaml
 from apiary.spec.job import JobSpec, parse_job
 
@@ -425,7 +425,8 @@ def render(template: Template, values: Mapping[str, Any] | None, *, suffix: str,
 
     A ``model`` parameter's ``NAME/VERSION`` (given or default) is replaced by ``resolve(ref)``,
     the model version's URI; ``resolve`` None is a ValidationError ``parameters.<p>`` ("no model
-    registry"), and what ``resolve`` raises propagates (an unknown version: its 404).
+    registry"), and a NotFoundError or ForbiddenError ``resolve`` raises (a version that does not
+    exist or the caller may not read) is raised again, same class, with ``parameters.<p>:`` first.
 
     Raises ValidationError: ``parameters.<p>`` for an unknown parameter (the message lists the
     known ones) or a value of the wrong type or out of bounds; ``name``; ``virtualCluster``.
@@ -445,7 +446,10 @@ def render(template: Template, values: Mapping[str, Any] | None, *, suffix: str,
             if resolve is None:
                 raise ValidationError(field, "no model registry: this platform cannot resolve model versions, so "
                                              f"template {template.name} cannot run here")
-            value = resolve(value)
+            try:
+                value = resolve(value)
+            except (NotFoundError, ForbiddenError) as e:  # the registry's answer, with the parameter named
+                raise type(e)(f"{field}: {e.message}") from e
         merged[p.name] = value
     if merged:
         doc["parameters"] = merged
