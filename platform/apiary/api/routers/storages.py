@@ -16,6 +16,7 @@ groups' (``PUT|DELETE /api/v2/groups/{name}/storageConfigs/{config}``, the ident
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 from collections.abc import Iterator
@@ -241,6 +242,9 @@ async def upload(request: Request, storage: Storage, files: Files, caller: Users
         whole = True
     finally:
         await loop.run_in_executor(None, _put, chunks, _END if whole else _ABORT, done)
+        if not whole:  # the body failed (the request's size limit, a client gone): answer only once
+            with contextlib.suppress(Exception):  # the writer removed its temporary file
+                await writing
     size = await writing
     return {"path": path, "size": size}
 
