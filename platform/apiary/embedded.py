@@ -57,6 +57,7 @@ from apiary.procutil import (
     port_in_use,
     private_dir,
     private_umask,
+    remembered_port,
     write_private,
 )
 from apiary.settings import ensure_cluster_id
@@ -414,17 +415,11 @@ class Embedded:
         path = self.home / "run" / "prefect-port"
         if self.prefect_port:
             port = self.prefect_port
+            write_private(path, str(port))
         else:
-            try:
-                kept = int(path.read_text().strip()) if path.exists() else 0
-            except ValueError:
-                kept = 0
-            usable = 0 < kept < 65536 and kept != self.api_port and kept not in self._ports and not port_in_use(kept)
-            if kept and not usable:
-                logger.warning("prefect: port %d (kept in %s) is taken; the UI moves to a new port", kept, path)
-            port = kept if usable else self._port()
+            taken = self._ports | ({self.api_port} if self.api_port else set())
+            port = remembered_port(path, self._port, taken, what="prefect")
         self._ports.add(port)
-        write_private(path, str(port))
         return port
 
     def _start_docker(self, base: dict[str, str], logs: Path) -> list[str]:

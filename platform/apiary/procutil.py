@@ -14,12 +14,13 @@ embedded platform in process).
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Literal
@@ -106,6 +107,25 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return True
     return False
+
+
+def remembered_port(path: Path, choose: Callable[[], int], taken: Collection[int] = (),
+                    what: str = "a server") -> int:
+    """The port kept in ``path`` while it is free (:func:`port_in_use`) and not in ``taken``, else
+    ``choose()`` (a free port, logged as a move when the kept one is taken); written to ``path``
+    (0600) either way, so a server's address survives restarts."""
+    try:
+        kept = int(path.read_text().strip()) if path.exists() else 0
+    except ValueError:
+        kept = 0
+    usable = 0 < kept < 65536 and kept not in taken and not port_in_use(kept)
+    if kept and not usable:
+        logging.getLogger(__name__).warning("%s: port %d (kept in %s) is taken; it moves to a new port",
+                                            what, kept, path)
+    port = kept if usable else int(choose())
+    private_dir(path.parent)
+    write_private(path, str(port))
+    return port
 
 
 def write_probe(directory: Path | str, nbytes: int, *, fsync: bool = False) -> str | None:

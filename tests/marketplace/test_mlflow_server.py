@@ -5,7 +5,6 @@ secrets kept 0600 that never reach the argv."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -79,17 +78,6 @@ def test_postgresql_stores_are_databases_of_their_own(apiary: str | None, want: 
 def test_a_postgresql_url_without_a_database_is_refused() -> None:
     with pytest.raises(ValueError, match="database name"):
         ms.mlflow_database_urls("postgresql://u@h/")
-
-
-def test_the_port_is_remembered_while_free(tmp_path: Path) -> None:
-    first = ms.remembered_port(tmp_path, free_port)
-    assert ms.remembered_port(tmp_path, free_port) == first
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", first))
-        taken.listen()
-        moved = ms.remembered_port(tmp_path, free_port)
-    assert moved != first
-    assert (tmp_path / ms.PORT_FILE).read_text() == str(moved)
 
 
 def test_no_venv_no_server(tmp_path: Path) -> None:

@@ -28,13 +28,14 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from apiary.errors import UnavailableError
-from apiary.procutil import port_in_use, private_dir, write_private
+from apiary.procutil import private_dir, remembered_port, write_private
 
 logger = logging.getLogger(__name__)
 
@@ -192,23 +193,6 @@ def kept_secret(path: Path) -> str:
     return value
 
 
-def remembered_port(home: Path, choose: object, taken: set[int] | None = None) -> int:
-    """The port in ``home/run/mlflow-port`` while it is free and not in ``taken``, else
-    ``choose()`` (a free port); remembered either way."""
-    path = home / PORT_FILE
-    try:
-        kept = int(path.read_text().strip()) if path.exists() else 0
-    except ValueError:
-        kept = 0
-    usable = 0 < kept < 65536 and kept not in (taken or set()) and not port_in_use(kept)
-    if kept and not usable:
-        logger.warning("mlflow: port %d (kept in %s) is taken; MLflow moves to a new port", kept, path)
-    port = kept if usable else int(choose())  # type: ignore[operator]
-    private_dir(path.parent)
-    write_private(path, str(port))
-    return port
-
-
 def artifacts_dir(home: Path) -> Path:
     """Where MLflow keeps artifacts: on ``apiary up``'s local storage (``home/storage/home``) when it
     exists, else under the home's MLflow directory."""
@@ -229,13 +213,13 @@ def plan(home: Path, *, api_url: str, port: int, python: Path,
                         apiary_database_url=apiary_database_url if pg else None)
 
 
-def for_home(home: Path, *, api_url: str, choose_port: object, taken: set[int] | None = None,
+def for_home(home: Path, *, api_url: str, choose_port: Callable[[], int], taken: set[int] | None = None,
              apiary_database_url: str | None = None, venv: Path = MLFLOW_VENV) -> MlflowServer | None:
-    """The MLflow server ``apiary up`` runs for ``home`` (port remembered, :func:`remembered_port`),
+    """The MLflow server ``apiary up`` runs for ``home`` (port remembered, :func:`apiary.procutil.remembered_port`),
     or None, said in the log, when MLflow's venv is missing (``make setup`` makes it)."""
     python = venv_python(venv)
     if python is None:
         logger.warning("mlflow: not installed (no %s; make setup makes it): running without a model registry", venv)
         return None
-    port = remembered_port(home, choose_port, taken)
+    port = remembered_port(home / PORT_FILE, choose_port, taken or set(), what="mlflow")
     return plan(home, api_url=api_url, port=port, python=python, apiary_database_url=apiary_database_url)
