@@ -34,6 +34,7 @@ from pathlib import Path
 
 import httpx
 
+from apiary.auth.bootstrap import read_token, write_secret
 from apiary.errors import UnavailableError
 from apiary.procutil import private_dir, remembered_port, write_private
 
@@ -185,11 +186,10 @@ class MlflowServer:
 def kept_secret(path: Path) -> str:
     """A random secret kept in ``path`` (0600, its directory 0700), made on the first call: the
     ini's admin password (:data:`PASSWORD_FILE`), Flask's key (:data:`FLASK_KEY_FILE`)."""
-    if path.exists():
-        return path.read_text().strip()
-    value = secrets.token_urlsafe(32)
-    private_dir(path.parent)
-    write_private(path, value)
+    value = read_token(path)
+    if value is None:
+        value = secrets.token_urlsafe(32)
+        write_secret(path, value)
     return value
 
 
