@@ -54,8 +54,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from apiary.errors import PlatformError
 from apiary.runtime.records import read_slot, write_atomic
 
@@ -83,13 +81,84 @@ def _mapped(lo: int, hi: int, uid_map: str | None = None) -> bool:
     return False
 
 
+def _proc_uids() -> list[tuple[int, tuple[int, int, int], bool]]:
+    """Every process on the machine as ``(pid, (real, effective, saved uid), zombie)``, read from
+    ``/proc/<pid>/status`` directly: psutil's ``process_iter(["uids"])`` gave the same at several
+    times the CPU (a Process object and its caches per pid), and a lease is taken and released
+    for every task launched. Processes that end while they are read are skipped."""
+    out: list[tuple[int, tuple[int, int, int], bool]] = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        parsed = _status_uids(int(name))
+        if parsed is not None:
+            out.append((int(name), *parsed))
+    return out
+
+
+def _status_uids(pid: int) -> tuple[tuple[int, int, int], bool] | None:
+    """``((real, effective, saved uid), zombie)`` of ``pid``, or None if it is gone."""
+    try:
+        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, 2048)  # Name, Umask, State ... Uid come first (proc(5))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    state = data.find(b"\nState:\t")
+    uid = data.find(b"\nUid:\t")
+    if uid < 0:
+        return None
+    fields = data[uid + 6:data.find(b"\n", uid + 6)].split()
+    try:
+        uids = (int(fields[0]), int(fields[1]), int(fields[2]))
+    except (IndexError, ValueError):
+        return None
+    return uids, state >= 0 and data[state + 8:state + 9] == b"Z"
+
+
+_IN_USE_TTL_S = 1.0
+_in_use: tuple[float, set[int]] = (float("-inf"), set())
+
+
 def _uids_in_use() -> set[int]:
-    used: set[int] = set()
-    for proc in psutil.process_iter(["uids"]):
-        uids = proc.info.get("uids")
-        if uids is not None:
+    """The uids some process runs as, read at most once a second (under ``_ALLOC_LOCK``). A
+    second-old answer is enough: a uid of the range gets a process only through a lease, which
+    this check does not replace; it is the guard against a process a lease did not account for
+    (one that outlived a lost lease directory), and such a process does not appear by itself."""
+    global _in_use
+    now = time.monotonic()
+    if now - _in_use[0] > _IN_USE_TTL_S:
+        used: set[int] = set()
+        for _pid, uids, _zombie in _proc_uids():
             used.update(uids)
-    return used
+        _in_use = (now, used)
+    return _in_use[1]
+
+
+def _kill_if_uid(pid: int, uid: int) -> None:
+    """SIGKILL ``pid`` if it still runs as ``uid``. Through a pidfd opened before the check, so a
+    pid that was reused by another process between the scan and the signal is never hit: the
+    check reads the process the pidfd holds, or the signal finds it gone."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        now = _status_uids(pid)
+        if now is not None and uid in now[0] and not now[1]:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        pass
+    finally:
+        os.close(pidfd)
 
 
 def kill_uid(uid: int, timeout_s: float = _KILL_WAIT_S) -> bool:
@@ -103,14 +172,10 @@ def kill_uid(uid: int, timeout_s: float = _KILL_WAIT_S) -> bool:
     deadline = time.monotonic() + timeout_s
     while True:
         left = 0
-        for proc in psutil.process_iter(["uids", "status"]):
-            uids = proc.info.get("uids")
-            if uids is not None and uid in uids and proc.info.get("status") != psutil.STATUS_ZOMBIE:
+        for pid, uids, zombie in _proc_uids():
+            if uid in uids and not zombie:
                 left += 1
-                try:
-                    proc.send_signal(signal.SIGKILL)
-                except psutil.Error:
-                    pass
+                _kill_if_uid(pid, uid)
         if left == 0:
             return True
         if time.monotonic() > deadline:
@@ -236,7 +301,7 @@ class UidPool:
                 ident = TaskIdentity(uid=uid, lease=lease)
                 try:
                     os.chmod(lease, _LEASE_MODE)
-                    write_atomic(lease / "owner", f"{owner}\n")
+                    write_atomic(lease / "owner", f"{owner}\n", durable=False)
                     ident.home.mkdir(mode=0o700)
                     os.chown(ident.home, uid, uid)
                     os.chmod(ident.home, 0o700)
@@ -255,8 +320,6 @@ class UidPool:
             os.fchown(fd, ident.uid, ident.gid)
             with open(fd, "w", encoding="utf-8", closefd=False) as f:
                 f.write(text)
-                f.flush()
-                os.fsync(fd)
         finally:
             os.close(fd)
 
@@ -330,6 +393,6 @@ class UidPool:
 
     def _write_hint(self, uid: int) -> None:
         try:
-            write_atomic(self.root / ".next", f"{uid}\n")
+            write_atomic(self.root / ".next", f"{uid}\n", durable=False)
         except OSError:
             pass  # only a hint: the walk starts at the range's first uid instead

@@ -236,12 +236,11 @@ def _grant_python_access() -> None:
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to a new mode-0600 file and fsync it. Raises OSError."""
+    """Write ``data`` to a new mode-0600 file (not fsync-ed: a launch record, see
+    :mod:`apiary.runtime.records`). Raises OSError."""
     fd = _open_private(path, os.O_WRONLY | os.O_TRUNC)
     with open(fd, "wb") as f:
         f.write(data)
-        f.flush()
-        os.fsync(fd)
 
 
 class ProcessBackend(RuntimeBackend):
@@ -394,12 +393,12 @@ class ProcessBackend(RuntimeBackend):
         launch_record["env_keys"] = sorted(task.env)
         launch_record["created_at"] = time.time()
         launch_record["task_uid"] = ident.uid if ident else os.geteuid()
-        _write_atomic(run_dir / "launch.json", json.dumps(launch_record, indent=2) + "\n")
+        _write_atomic(run_dir / "launch.json", json.dumps(launch_record, indent=2) + "\n", durable=False)
         prelude = sshd.prelude(task.ssh) if task.ssh is not None else ""
         script = ("# Apiary task commands (generated).\nset -e\n" + prelude
                   + "".join(f"{cmd}\n" for cmd in task.commands))
-        _write_atomic(run_dir / "script.sh", script)
-        _write_atomic(run_dir / "wrapper.sh", _WRAPPER)
+        _write_atomic(run_dir / "script.sh", script, durable=False)
+        _write_atomic(run_dir / "wrapper.sh", _WRAPPER, durable=False)
         if ident is not None:
             env = {**env, "HOME": str(ident.home), "TMPDIR": str(ident.home),
                    "USER": f"apiary-{ident.uid}", "LOGNAME": f"apiary-{ident.uid}"}
@@ -412,12 +411,12 @@ class ProcessBackend(RuntimeBackend):
             except ValueError as exc:
                 raise OSError(f"malformed ssh launch: {exc}") from None
         if binds:
-            _write_atomic(run_dir / "mounts.sh", _MOUNTS)
+            _write_atomic(run_dir / "mounts.sh", _MOUNTS, durable=False)
             _write_private(run_dir / "mounts", b"".join(
                 f"{m['source']}\0{m['target']}\0{'ro' if m['readOnly'] else 'rw'}\0".encode() for m in binds))
         _write_private(run_dir / "env", b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
-        _preallocate_slot(run_dir / "started", STARTED_SLOT)
-        _preallocate_slot(run_dir / "exit_code", EXIT_SLOT)
+        _preallocate_slot(run_dir / "started", STARTED_SLOT, durable=False)
+        _preallocate_slot(run_dir / "exit_code", EXIT_SLOT, durable=False)
         if ident is None:
             return run_dir / "script.sh"
         self.uids.write_script(ident, script)
@@ -472,7 +471,7 @@ class ProcessBackend(RuntimeBackend):
             "gpus": list(task.gpus),
         }
         try:
-            _write_atomic(run_dir / "meta.json", json.dumps(meta) + "\n")
+            _write_atomic(run_dir / "meta.json", json.dumps(meta) + "\n", durable=False)
         except OSError:
             pass  # the task runs; the wrapper's started slot and command line still find it
         return TaskStatus(
