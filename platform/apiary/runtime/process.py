@@ -290,9 +290,10 @@ class ProcessBackend(RuntimeBackend):
             _grant_python_access()
         self._lock = threading.RLock()
         self._children: dict[str, subprocess.Popen[bytes]] = {}
-        # Forgotten runs, read once from their markers: the agent calls list() several times a
-        # second, and stat-ing every run a node ever had would grow without bound.
-        self._forgotten: set[str] | None = None
+        # The run ids list() reads: every run directory on disk not marked forgotten, read from
+        # disk on the first list() and kept up to date by launch() and forget(), so a list costs
+        # the runs not yet forgotten, not every run this state_dir ever held.
+        self._listed: set[str] | None = None
         # Exited runs whose uid lease this instance has released (or found released).
         self._released: set[str] = set()
 
@@ -369,6 +370,8 @@ class ProcessBackend(RuntimeBackend):
                 shutil.rmtree(run_dir, ignore_errors=True)
             try:
                 _private_dir(run_dir, exist_ok=False)
+                if self._listed is not None:
+                    self._listed.add(task.run_id)
             except FileExistsError:
                 raise PlatformError(f"{run_dir} exists but is not a run directory") from None
             except OSError as exc:
@@ -626,11 +629,14 @@ class ProcessBackend(RuntimeBackend):
         """See :meth:`RuntimeBackend.list`: every ``state_dir/<run_id>/`` that started and is not
         marked forgotten."""
         with self._lock:
-            if self._forgotten is None:
-                self._forgotten = {p.parent.name for p in self.state_dir.glob("*/forgotten")}
+            if self._listed is None:
+                forgotten = {p.parent.name for p in self.state_dir.glob("*/forgotten")}
+                self._listed = {n for n in os.listdir(self.state_dir) if n not in forgotten and _valid_run_id(n)}
             out = []
-            for run_dir in sorted(self.state_dir.iterdir()):
-                if run_dir.name in self._forgotten or not _valid_run_id(run_dir.name) or not run_dir.is_dir():
+            for name in sorted(self._listed):
+                run_dir = self.state_dir / name
+                if not run_dir.is_dir():
+                    self._listed.discard(name)
                     continue
                 st = self._status_of(run_dir)
                 if st is not None:
@@ -733,5 +739,5 @@ class ProcessBackend(RuntimeBackend):
             if current is not None and current.state == "running":
                 raise PlatformError(f"cannot forget {run_id}: it is still running (stop it first)")
             os.close(_open_private(run_dir / "forgotten", os.O_WRONLY))
-            if self._forgotten is not None:
-                self._forgotten.add(run_id)
+            if self._listed is not None:
+                self._listed.discard(run_id)
