@@ -43,6 +43,7 @@ directory becomes readable by anyone who knows its name.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import random
@@ -149,7 +150,13 @@ def _kill_if_uid(pid: int, uid: int) -> None:
     check reads the process the pidfd holds, or the signal finds it gone."""
     try:
         pidfd = os.pidfd_open(pid)
-    except OSError:
+    except ProcessLookupError:
+        return
+    except OSError:  # no pidfds here (an old kernel, a seccomp filter): check, then signal by pid
+        now = _status_uids(pid)
+        if now is not None and uid in now[0] and not now[1]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
         return
     try:
         now = _status_uids(pid)
