@@ -27,6 +27,11 @@ completed``):
   chunk (every job's) in ONE ``POST /api/logs/``, the summary artifact only (3 + 1 per job + 2 per
   chunk).
 * ``events-nosummary``: ``events`` without the artifact.
+* ``bridge-final``: what the bridge sends for a job it first sees over (most jobs once the rate is
+  high enough that a batch spans a job's life): the run created directly Completed (1 request),
+  its two task runs (``queue``, ``run-main``) as one event each in their last state, six log
+  rows (events and output lines), all of a chunk batched as above, and the summary artifact
+  (1 + 1 per job + 2 per chunk): the floor of what one mirrored job costs the server today.
 
     .venv/bin/python bench/prefect_cost.py --jobs 300 --concurrency 2 --concurrency 8 \
         --strategy current --strategy states --strategy events
@@ -73,7 +78,7 @@ class _TaskShape:
     retry_jitter_factor: float | None = None
 
 
-STRATEGIES = ("current", "states", "states-running", "states-final", "events", "events-nosummary")
+STRATEGIES = ("current", "states", "states-running", "states-final", "events", "events-nosummary", "bridge-final")
 
 
 _cpu = lifecycle.cpu_seconds
@@ -209,7 +214,7 @@ async def mirror(api: str, strategy: str, jobs: int, concurrency: int, chunk: in
 
         async def job_coalesced(job: str) -> uuid.UUID:
             async with sem:
-                if strategy == "states-final":  # already complete when first seen: one request
+                if strategy in ("states-final", "bridge-final"):  # already complete when first seen: one request
                     return await create_flow_run(job, Completed(message="job SUCCEEDED"))
                 fr = await create_flow_run(job, Running(message="main/0 started"))
                 await client.set_flow_run_state(fr, Completed(message="job SUCCEEDED"), force=True)
@@ -223,6 +228,25 @@ async def mirror(api: str, strategy: str, jobs: int, concurrency: int, chunk: in
                 continue
             if strategy in ("states-running", "states-final"):
                 await asyncio.gather(*(job_coalesced(j) for j in names))
+                continue
+            if strategy == "bridge-final":
+                # What the bridge sends for a job it first sees over (most of them at 50 jobs/s): the
+                # run created final, its two task runs in their last states, its log rows, a summary.
+                frs = await asyncio.gather(*(job_coalesced(j) for j in names))
+                events = []
+                logs = []
+                for job, fr in zip(names, frs, strict=True):
+                    events += [task_event(fr, job, "queue", "COMPLETED", "Completed", "placed"),
+                               task_event(fr, job, "run-main", "COMPLETED", "Completed", "exit 0")]
+                    logs += [log(fr, "[main/0] hi"), *(log(fr, f"event {i}") for i in range(5))]
+                await client.request("POST", "/events", json=events)
+                await client.create_logs(logs)
+
+                async def final_summary(job: str, fr: uuid.UUID) -> None:
+                    async with sem:
+                        await client.request("POST", "/artifacts/", json=artifact(fr, None, job, "job"))
+
+                await asyncio.gather(*(final_summary(j, f) for j, f in zip(names, frs, strict=True)))
                 continue
             frs = await asyncio.gather(*(job_states(j) for j in names))
             if strategy == "states":

@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -152,6 +153,67 @@ class CpuMeter:
             if self.wall_s
             else {},
         }
+
+
+#: The processes ``cpu_ms_per_job`` counts: the platform's, not the bench's own client.
+PLATFORM_PARTS = ("control-plane", "agent", "prefect-bridge", "prefect-serve", "prefect-server", "postgres")
+
+
+class WindowMeter:
+    """CPU seconds of :class:`CpuMeter`'s processes over a fixed window of a run (its steady
+    part: after the ramp-up, before the tail), snapshotted by a timer thread at ``t0 + start_s``
+    and ``t0 + end_s`` (monotonic ``t0``), with the wall-clock times of both snapshots so that the
+    jobs finished inside the window can be counted afterwards."""
+
+    def __init__(self, meter: CpuMeter, start_s: float, end_s: float) -> None:
+        self.meter, self.start_s, self.end_s = meter, start_s, end_s
+        self.snaps: list[tuple[float, dict[str, float]]] = []
+        self._thread: threading.Thread | None = None
+
+    def start(self, t0: float) -> None:
+        def run() -> None:
+            for at in (self.start_s, self.end_s):
+                delay = t0 + at - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                self.snaps.append((time.time(), self.meter.snapshot()))
+
+        self._thread = threading.Thread(target=run, name="window-meter", daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+    def result(self, finished_at: dict[str, float]) -> dict:
+        """Per job CPU over the window. ``finished_at`` maps a job to when it was final in BOTH
+        Apiary and Prefect (the later of ``job.completed``'s time and its flow run's first terminal
+        state's timestamp); the jobs counted are those whose time falls inside the window."""
+        if len(self.snaps) < 2:
+            return {}
+        (w0, a), (w1, b) = self.snaps
+        cpu = {k: max(0.0, b[k] - a.get(k, 0.0)) for k in b}
+        jobs = sum(1 for t in finished_at.values() if w0 <= t < w1)
+        platform = sum(cpu.get(k, 0.0) for k in PLATFORM_PARTS)
+        return {
+            "window_s": round(w1 - w0, 1),
+            "jobs_final": jobs,
+            "cpu_ms_per_job": round(platform * 1000 / jobs, 1) if jobs else None,
+            "by_process_ms_per_job": {k: round(v * 1000 / jobs, 1) for k, v in sorted(cpu.items())} if jobs else {},
+            "cores_used": round(platform / (w1 - w0), 2) if w1 > w0 else None,
+        }
+
+
+def finished_both(events: list[dict], states: dict[str, list[tuple[str, str, float]]]) -> dict[str, float]:
+    """Job id -> the later of its ``job.completed`` time and its flow run's first terminal state
+    (jobs missing either are left out)."""
+    done = {ev["jobId"]: float(ev["time"]) for ev in events if ev["type"] == "job.completed"}
+    out: dict[str, float] = {}
+    for j, t_apiary in done.items():
+        t_pf = next((t for typ, _name, t in states.get(j, []) if typ in TERMINAL), None)
+        if t_pf is not None:
+            out[j] = max(t_apiary, t_pf)
+    return out
 
 
 # ---------------------------------------------------------------------- request trace
@@ -398,6 +460,7 @@ class LagResult:
     apiary_final_after_s: float = 0.0
     prefect_final_after_s: float | None = None
     cpu: dict = field(default_factory=dict)
+    steady: dict = field(default_factory=dict)
     requests: dict = field(default_factory=dict)
     startup_s: float = 0.0
 
@@ -424,6 +487,9 @@ class LagResult:
         }
         if self.cpu:
             d["ui_lag_cpu"] = self.cpu
+        if self.steady:
+            d["cpu_ms_per_job"] = self.steady.get("cpu_ms_per_job")
+            d["ui_lag_steady"] = self.steady
         if self.requests:
             d["ui_lag_requests"] = self.requests
         return d
@@ -504,9 +570,12 @@ def measure_lag(
                 meter = CpuMeter(emb, pg.pid() if pg else None)
                 submit = lifecycle.Submitter(emb.api_url, plat.bench_token, f"lag-{int(time.time())}", command)
 
+                # The steady window: a quarter of the run in (ramp-up over) to 10 s before its end.
+                window = WindowMeter(meter, duration_s * 0.25, max(duration_s * 0.5, duration_s - 10.0))
                 meter.start()
                 t_wall0 = time.time()
                 t0 = time.monotonic()
+                window.start(t0)
                 with cf.ThreadPoolExecutor(submit_threads, thread_name_prefix="submit") as pool:
                     futs = []
                     for i in range(n):
@@ -546,6 +615,8 @@ def measure_lag(
                 hist = read_states(api, [r.id for r in runs.values()])
                 by_job = {name: hist.get(r.id, []) for name, r in runs.items()}
                 res.lags, res.missing = job_lags(events, by_job, t_end)
+                window.join()
+                res.steady = window.result(finished_both(events, by_job))
                 finals = [t for h in by_job.values() for typ, _name, t in h if typ in TERMINAL]
                 if res.prefect_complete and finals:
                     res.prefect_final_after_s = max(finals) - t_wall0
@@ -698,6 +769,17 @@ def method(section: dict) -> str:
             "120 s without progress; a state that never appeared counts with the lag it had reached then and is in "
             "ui_lag_missing). ui_lag_by_transition also gives job.submitted -> first flow run state (created)."
         )
+    if section.get("cpu_ms_per_job") is not None:
+        out.append(
+            "cpu_ms_per_job: the platform's processes (control-plane, agent, prefect-bridge, prefect-serve, "
+            "prefect-server, postgres; not the bench) together, CPU seconds over the run's steady window (from a "
+            "quarter of the submission time to 10 s before its end: 15-50 s of a 60 s run; snapshots by a timer "
+            "thread) divided by the jobs whose later of job.completed and first terminal flow run state fell in "
+            "that window (ui_lag_steady: window, jobs counted, the same per process, cores used). A platform that "
+            "falls behind finishes fewer jobs in the window, so its figure rises with the backlog."
+        )
+    for rate_key in sorted(k for k in section if k.startswith("rate_") and isinstance(section[k], dict)):
+        out.append(f"{rate_key}: the same UI lag run (keys as above) at {rate_key[5:]} jobs/s.")
     key = next((k for k in section if k.startswith("catch_up_") and k.endswith("_s") and k[9:-2].isdigit()), None)
     if key is not None:
         out.append(

@@ -118,3 +118,39 @@ def test_quick_catch_up_on_sqlite_writes_results(tmp_path: Path) -> None:
     assert sec["catch_up_jobs"] == 100 and sec["catch_up_complete"] is True
     assert sec["catch_up_100_s"] > 0 and sec["catch_up_cpu"]["cpu_s"]["prefect-server"] > 0
     assert sec["method"] and data["prefect"]["measured_at"]
+
+
+def test_steady_window_counts_jobs_final_in_both_and_only_platform_processes(prefect_lag) -> None:
+    events = [
+        {"jobId": "a", "type": "job.completed", "time": 105.0},
+        {"jobId": "b", "type": "job.completed", "time": 106.0},
+        {"jobId": "c", "type": "job.completed", "time": 107.0},  # Prefect final after the window
+        {"jobId": "d", "type": "job.completed", "time": 95.0},  # before the window
+        {"jobId": "e", "type": "job.submitted", "time": 101.0},  # never finished
+    ]
+    states = {
+        "a": [("RUNNING", "Submitted", 104.0), ("COMPLETED", "Completed", 106.0)],
+        "b": [("COMPLETED", "Completed", 109.5)],
+        "c": [("COMPLETED", "Completed", 121.0)],
+        "d": [("COMPLETED", "Completed", 99.0)],
+    }
+    done = prefect_lag.finished_both(events, states)
+    assert done == {"a": 106.0, "b": 109.5, "c": 121.0, "d": 99.0}
+    w = prefect_lag.WindowMeter(None, 0, 0)
+    w.snaps = [
+        (100.0, {"control-plane": 1.0, "agent": 1.0, "postgres": 0.0, "prefect-server": 2.0, "bench": 5.0}),
+        (120.0, {"control-plane": 1.5, "agent": 1.1, "postgres": 0.2, "prefect-server": 2.2, "bench": 9.0}),
+    ]
+    r = w.result(done)
+    assert r["jobs_final"] == 2  # a and b
+    # 0.5 + 0.1 + 0.2 + 0.2 CPU-s of the platform over 2 jobs; the bench's own 4 s are left out
+    assert r["cpu_ms_per_job"] == 500.0
+    assert r["by_process_ms_per_job"]["bench"] == 2000.0
+    assert r["cores_used"] == 0.05
+
+
+def test_steady_window_without_both_snapshots_or_jobs_gives_no_figure(prefect_lag) -> None:
+    w = prefect_lag.WindowMeter(None, 0, 0)
+    assert w.result({"a": 1.0}) == {}
+    w.snaps = [(100.0, {"agent": 0.0}), (110.0, {"agent": 1.0})]
+    assert w.result({})["cpu_ms_per_job"] is None
