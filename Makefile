@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 MLFLOW_VENV := .venv-mlflow
 MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
 
-.PHONY: setup demo test test-fast lint typecheck contracts check bench up clean
+.PHONY: setup demo test test-fast test-gpu lint typecheck contracts check bench up clean
 
 # SETUP: what lint/test-fast need first. The CI pipeline's unit stage runs `make lint test-fast
 # VENV=<its own venv> SETUP=` in a workspace (the commit under test, put first on PYTHONPATH), so
@@ -18,8 +18,9 @@ MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
 SETUP ?= setup
 PYTEST_ARGS ?=
 
-# The tests that start real services or processes (pyproject's markers); `make test-fast` skips them.
-SLOW_MARKERS := e2e or postgres or prometheus or prefect or docker or netns or dfs or mlflow
+# The tests that start real services or processes, or need a GPU (pyproject's markers); `make
+# test-fast` skips them.
+SLOW_MARKERS := e2e or postgres or prometheus or prefect or docker or netns or dfs or mlflow or gpu
 
 setup: $(STAMP) $(MLFLOW_STAMP)
 
@@ -43,6 +44,12 @@ test: setup
 # The unit suite: no embedded platform, PostgreSQL, Prometheus or Prefect server (< 1 min).
 test-fast: $(SETUP)
 	$(BIN)/python -m pytest -q -m "not ($(SLOW_MARKERS))" $(PYTEST_ARGS)
+
+# The tests that run kernels on a real GPU (examples/stress/bench.py with PyTorch or CuPy). Neither
+# is in requirements.lock (CUDA wheels are gigabytes): on a GPU machine, install one into the venv
+# first (`.venv/bin/pip install torch`, or cupy-cuda12x). Without them every test skips, saying why.
+test-gpu: setup
+	$(BIN)/python -m pytest -q -m gpu $(PYTEST_ARGS)
 
 lint: $(SETUP)
 	$(BIN)/ruff check platform flows tests examples bench

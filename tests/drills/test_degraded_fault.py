@@ -13,7 +13,7 @@ from apiary.api import create_app
 from apiary.control import ControlPlane
 from apiary.monitoring.gpu import SimulatedGpus
 from apiary.ops.alerts import ActionsConfig, AlertReceiver
-from apiary.runtime.agent import SLOWDOWN_ENV, NodeAgent
+from apiary.runtime.agent import SLOWDOWN_ENV, SLOWDOWN_GPUS_ENV, NodeAgent
 from apiary.runtime.base import TaskStatus
 from apiary.spec.cluster import load_cluster_config
 from apiary.store import make_engine, migrate, session_factory
@@ -94,7 +94,20 @@ def test_the_agent_slows_down_only_tasks_on_the_degraded_gpu() -> None:
                       assignment("r-none", [])])
     env = {run: e.get(SLOWDOWN_ENV) for run, e in backend.launched.items()}
     assert env == {"r-gpu0": None, "r-gpu1": "2.5", "r-both": "2.5", "r-none": "2.5"}
+    # Per GPU: only the degraded GPU of the task is named, so the benchmark slows that GPU's figures only.
+    per_gpu = {run: e.get(SLOWDOWN_GPUS_ENV) for run, e in backend.launched.items()}
+    assert per_gpu == {"r-gpu0": None, "r-gpu1": "1:2.5", "r-both": "1:2.5", "r-none": None}
     assert agent.faults.applied == 1
     agent._apply_faults([{"id": 1, "gpu": 1, "degraded": 9}, {"id": 2, "gpu": 1, "clear": True}])  # 1: seen
     agent._reconcile([assignment("r-later", [1])])
     assert SLOWDOWN_ENV not in backend.launched["r-later"] and agent.faults.applied == 2
+    assert SLOWDOWN_GPUS_ENV not in backend.launched["r-later"]
+
+
+def test_a_task_on_two_degraded_gpus_gets_each_gpus_own_factor() -> None:
+    backend = Recording()
+    agent = NodeAgent("n1", "http://unused", backend, client=None, gpus=4, simulated_gpus=True)
+    agent._apply_faults([{"id": 1, "gpu": 3, "degraded": 4}, {"id": 2, "gpu": 1, "degraded": 1.5}])
+    agent._reconcile([assignment("r-all", [0, 1, 2, 3])])
+    env = backend.launched["r-all"]
+    assert env[SLOWDOWN_ENV] == "4" and env[SLOWDOWN_GPUS_ENV] == "1:1.5,3:4"

@@ -1,8 +1,9 @@
 """The inspection probe and the stress drill against a real platform (``apiary up``'s supervisor on
 Lab 6's two-VC cluster: hostname-carol in VC default, hostname-dan in VC vc1, simulated GPUs).
 
-* a ``degraded`` fault on hostname-dan makes its benchmark run 10x slower; the stress drill flags
-  and cordons that node only, and /metrics says so (``apiary_drill_node_failed``);
+* a ``degraded`` fault on hostname-dan's GPU 0 makes its benchmark run 10x slower and its simulated
+  GPU figures fall tenfold; the stress drill flags and cordons that node only, by the CPU and the
+  GPU rules, and /metrics says so (``apiary_drill_node_failed``);
 * on a healthy platform the probe passes in every VC (``apiary_probe_success`` 1);
 * with scheduling stopped (every node cordoned: nothing can be placed, the honest way to stop a
   scheduler from outside) the probe fails with the phase it was stuck in, /metrics shows
@@ -68,11 +69,18 @@ def test_the_stress_drill_flags_and_cordons_only_the_degraded_node(platform) -> 
         assert outcome.result == "failed" and outcome.details["cordoned"] == [DAN]
         dan = next(r for r in outcome.rows if r["node"] == DAN)
         assert "matmul-below-baseline" in dan["failedRules"] and "simulated slowdown x10" in dan["note"]
+        # The simulated GPU figures: dan's GPU 0 is a tenth of carol's and of the reference.
+        assert {"gpu-gemm-below-peers", "gpu-gemm-floor", "gpu-memory-floor"} <= set(dan["failedRules"].split(", "))
+        assert "gpu0_gemm_bf16_tflops=" in dan["detail"] and "gpu0 simulated slowdown x10" in dan["note"]
+        carol = next(r for r in outcome.rows if r["node"] == CAROL)
+        assert carol["backend"] == dan["backend"] == "simulated"
+        assert dan["gpuGemmTflopsMin"] < carol["gpuGemmTflopsMin"] / 5
         assert {n["name"]: n["cordoned"] for n in api.nodes()} == {CAROL: False, DAN: True}
         (held,) = api.node(DAN)["cordons"]  # the drill's own cordon, its failed rules the reason
         assert held["source"] == "drill:stress" and "matmul-below-baseline" in held["reason"]
         m = metrics(api)
         assert m[("apiary_drill_node_failed", (("node", DAN), ("rule", "matmul-below-baseline")))] == 1.0
+        assert m[("apiary_drill_node_failed", (("node", DAN), ("rule", "gpu-gemm-floor")))] == 1.0
         assert not [k for k in m if k[0] == "apiary_drill_node_failed" and ("node", CAROL) in k[1]]
         assert m[("apiary_drill_result", (("drill", "stress-drill"),))] == 0.0
     finally:

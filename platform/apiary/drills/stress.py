@@ -8,10 +8,13 @@
    The jobs are opportunistic (``oppo``): they take idle GPUs only and are preempted first, so the
    drill never delays a guaranteed job.
 2. **The benchmark** is ``examples/stress/bench.py`` (the job's command, from the task's working
-   directory like Lab 6's jobs): matmul throughput and memory bandwidth with NumPy, NVML readings
-   when there is a driver; it prints one JSON line, read back from the job's log.
+   directory like Lab 6's jobs): matmul throughput and memory bandwidth with NumPy; per GPU, when
+   the job's image has PyTorch or CuPy, bf16/fp32 GEMM TFLOP/s, device-memory and host<->device
+   copy bandwidth (simulated GPUs report a modelled H200's figures); NVML readings when there is a
+   driver. It prints one JSON line, read back from the job's log.
 3. **Diagnosis** (:mod:`apiary.drills.diagnosis`, rules in ``rules.yaml``): per-node verdicts from
-   variance against a per-SKU baseline, value thresholds and failure checks. A node that fails is
+   variance against a per-SKU baseline (per GPU: against the SKU's other GPUs in the run), value
+   thresholds, floors against the SKU's reference figures, and failure checks. A node that fails is
    tested again (a second wave over its group) and fails only when it fails twice: a benchmark
    disturbed once by other work on its machine is not a broken node.
 4. **Action**: each failed node is reported (``apiary_drill_node_failed{node,rule}``, alert
@@ -21,8 +24,9 @@
    ``apiary node uncordon <node> --source drill:stress`` (or ``--all``).
 
 Simulated clusters: a ``degraded`` fault (``POST /api/v2/nodes/{node}/faults {"gpu": 0,
-"degraded": 3}``) makes the node's agent set ``APIARY_SIMULATED_SLOWDOWN=3`` for tasks on that GPU,
-and the benchmark runs that much slower, so the diagnosis can be tried end to end.
+"degraded": 3}``) makes the node's agent set ``APIARY_SIMULATED_SLOWDOWN=3`` and
+``APIARY_SIMULATED_SLOWDOWN_GPUS=0:3`` for tasks on that GPU: the benchmark's CPU figures run that
+much slower and GPU 0's simulated figures are divided by 3, so the diagnosis can be tried end to end.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from apiary.drills.common import DrillApi, DrillOutcome, drill_job, record, unique_suffix
-from apiary.drills.diagnosis import NodeResult, NodeVerdict, Rules, diagnose
+from apiary.drills.diagnosis import NodeResult, NodeVerdict, Rules, diagnose, split_gpu_metric
 from apiary.errors import ApiaryError
 
 logger = logging.getLogger(__name__)
@@ -248,8 +252,16 @@ def stress(api: DrillApi, rules: Rules, *, image: str, timeout_s: float = 900.0,
     return report
 
 
+def _slowest_gpu(metrics: dict[str, Any], *figures: str) -> float | None:
+    """The lowest of the node's per-GPU ``figures`` (``gpu<i>_<figure>``), rounded; None without."""
+    split = {k: split_gpu_metric(k) for k in metrics}
+    values = [v for k, v in metrics.items() if split[k][0] is not None and split[k][1] in figures]
+    return round(min(values), 3) if values else None
+
+
 def rows(report: StressReport) -> list[dict[str, Any]]:
-    """The table artifact: one row per node (tested or not)."""
+    """The table artifact: one row per node (tested or not). The GPU columns give the node's
+    slowest GPU (the one a verdict is about)."""
     by_node: dict[str, NodeRun] = {}
     for r in report.runs:  # the first run of each node: the one the verdict's details are about
         by_node.setdefault(r.ran_on or r.node, r)
@@ -262,6 +274,9 @@ def rows(report: StressReport) -> list[dict[str, Any]]:
             "verdict": "FAILED" if not v.passed else "passed on confirmation" if v.confirmed_ok else "passed",
             "matmulGflops": round(metrics["matmul_gflops"], 3) if "matmul_gflops" in metrics else None,
             "memBandwidthGbps": round(metrics["mem_bandwidth_gbps"], 3) if "mem_bandwidth_gbps" in metrics else None,
+            "backend": (run.bench or {}).get("backend") if run else None,
+            "gpuGemmTflopsMin": _slowest_gpu(metrics, "gemm_bf16_tflops", "gemm_fp16_tflops"),
+            "gpuHbmGbpsMin": _slowest_gpu(metrics, "hbm_bandwidth_gbps"),
             "failedRules": ", ".join(sorted({f.rule for f in v.failures})),
             "detail": "; ".join(f.detail for f in v.failures),
             "cordoned": v.node in report.cordoned,
@@ -270,6 +285,7 @@ def rows(report: StressReport) -> list[dict[str, Any]]:
         })
     for node, why in sorted(report.untested.items()):
         out.append({"node": node, "sku": None, "verdict": "untested", "matmulGflops": None, "memBandwidthGbps": None,
+                    "backend": None, "gpuGemmTflopsMin": None, "gpuHbmGbpsMin": None,
                     "failedRules": "", "detail": why, "cordoned": False, "job": None, "note": ""})
     return out
 
@@ -306,9 +322,8 @@ def run_stress(api: DrillApi, rules: Rules, *, image: str, timeout_s: float = 90
 
 def _plots(report: StressReport) -> dict[str, str]:
     """A bar chart of each benchmark per node (markdown with the PNG inline), when any node ran."""
-    data = [(r["node"], r["matmulGflops"], r["memBandwidthGbps"], r["verdict"]) for r in rows(report)
-            if r["matmulGflops"] is not None]
-    if not data:
+    table = [r for r in rows(report) if r["matmulGflops"] is not None]
+    if not table:
         return {}
     import base64
     import io
@@ -318,11 +333,14 @@ def _plots(report: StressReport) -> dict[str, str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
-    names = [d[0] for d in data]
-    colors = ["tab:red" if d[3] == "FAILED" else "tab:green" for d in data]
-    for ax, idx, title in ((axes[0], 1, "matmul GFLOP/s"), (axes[1], 2, "memory bandwidth GB/s")):
-        ax.bar(names, [d[idx] for d in data], color=colors)
+    panels = [("matmulGflops", "CPU matmul GFLOP/s"), ("memBandwidthGbps", "CPU memory bandwidth GB/s")]
+    if any(r["gpuGemmTflopsMin"] is not None for r in table):
+        panels.append(("gpuGemmTflopsMin", "slowest GPU bf16/fp16 GEMM TFLOP/s"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.2))
+    names = [r["node"] for r in table]
+    colors = ["tab:red" if r["verdict"] == "FAILED" else "tab:green" for r in table]
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        ax.bar(names, [r[key] or 0.0 for r in table], color=colors)
         ax.set_title(title)
         ax.tick_params(axis="x", labelrotation=30)
     fig.tight_layout()

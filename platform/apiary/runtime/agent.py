@@ -105,6 +105,9 @@ MAX_INLINE_LOG_BYTES = 64 * 1024
 #: Set for tasks on a GPU with an injected ``degraded`` fault: the slowdown factor (a simulation;
 #: examples/stress/bench.py honours it).
 SLOWDOWN_ENV = "APIARY_SIMULATED_SLOWDOWN"
+#: The same per GPU, for the task's degraded GPUs only: ``"<gpu>:<factor>,..."`` (node GPU indices,
+#: as in ``CUDA_VISIBLE_DEVICES``), so the benchmark slows the degraded GPU's figures and no other's.
+SLOWDOWN_GPUS_ENV = "APIARY_SIMULATED_SLOWDOWN_GPUS"
 #: Answers after which the agent tries the next control-plane replica: a proxy or load balancer
 #: without a healthy backend (502, 504), a replica that cannot serve now (503).
 FAILOVER_STATUSES = frozenset({502, 503, 504})
@@ -527,6 +530,9 @@ class NodeAgent:
         factor = self.faults.slowdown(list(gpus or []))
         if factor != 1.0:
             env = {**env, SLOWDOWN_ENV: f"{factor:g}"}
+        per_gpu = {g: self.faults.slowdown([g]) for g in gpus or []}
+        if any(f != 1.0 for f in per_gpu.values()):
+            env = {**env, SLOWDOWN_GPUS_ENV: ",".join(f"{g}:{f:g}" for g, f in sorted(per_gpu.items()) if f != 1.0)}
         # Process mode: the platform's own Python environment is the task's "image", so a job's
         # `python3 ...` finds numpy and scikit-learn. Prepend it to PATH. A container's image
         # brings its own PATH.
