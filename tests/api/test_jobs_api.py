@@ -8,6 +8,7 @@ Scheduling cycles and node reports are driven through the API itself, synchronou
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args
 
 import pytest
 import yaml
@@ -16,7 +17,9 @@ from tests.support.auth import with_auth
 from tests.support.builders import job_text
 
 from apiary.api import create_app
+from apiary.api.schemas import FaultRequest
 from apiary.control import ControlPlane
+from apiary.monitoring.gpu_health import PCIE_GENS, PCIE_WIDTHS, THROTTLE_FAULTS
 from apiary.spec.cluster import load_cluster_config
 from apiary.store import make_engine, migrate, session_factory
 
@@ -367,6 +370,47 @@ def test_platform_metrics_and_fault_queue(client: TestClient) -> None:
     assert client.post("/api/v2/nodes/hostname-dan/faults", json={"gpu": 3, "eccDbe": 1}).status_code == 400
     assert client.post("/api/v2/nodes/hostname-dan/faults", json={"gpu": 0}).status_code == 400
     assert client.post("/api/v2/nodes/nope/faults", json={"gpu": 0, "clear": True}).status_code == 404
+
+
+def test_gpu_health_fault_kinds_are_queued_for_the_agent(client: TestClient) -> None:
+    body = {"gpu": 0, "rowRemapFailure": True, "rowRemapPending": False, "retiredPages": 2, "throttle": "thermal",
+            "pcieGen": 3, "pcieWidth": 8}
+    r = client.post("/api/v2/nodes/hostname-dan/faults", json=body)
+    assert r.status_code == 200, r.text
+    queued = {"row_remap_failure": True, "row_remap_pending": False, "retired_pages": 2, "throttle": "thermal",
+              "pcie_gen": 3, "pcie_width": 8}
+    assert r.json() == {"id": r.json()["id"], "gpu": 0, **queued}
+    # The agent passes these keys to SimulatedGpus.inject as they are (apiary.runtime.faults).
+    assert client.get("/api/v2/nodes/hostname-dan/assignments").json()["faults"][-1] == r.json()
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    pytest.param({"throttle": "cold"}, "throttle", id="unknown-throttle-reason"),
+    pytest.param({"pcieGen": 0}, "pcieGen", id="gen-zero"),
+    pytest.param({"pcieGen": 7}, "pcieGen", id="gen-above-6"),
+    pytest.param({"pcieWidth": 3}, "pcieWidth", id="width-not-a-lane-count"),
+    pytest.param({"retiredPages": -1}, "retiredPages", id="negative-pages"),
+    pytest.param({"rowRemapFailure": "maybe"}, "rowRemapFailure", id="flag-not-a-bool"),
+    pytest.param({"rowRemapFailur": True}, "rowRemapFailur", id="misspelt-kind"),
+])
+def test_bad_gpu_health_fault_values_are_a_400_naming_the_field(client: TestClient, body: dict, field: str) -> None:
+    r = client.post("/api/v2/nodes/hostname-dan/faults", json={"gpu": 0, **body})
+    assert r.status_code == 400, r.text
+    assert field in r.text
+    assert client.get("/api/v2/nodes/hostname-dan/assignments").json()["faults"] == []
+
+
+def test_fault_request_literals_match_the_simulator() -> None:
+    """The API's allowed throttle reasons and link widths are the simulator's (apiary.api does not
+    import apiary.monitoring, so they are written twice)."""
+    def allowed(name: str) -> set:
+        return {a for t in get_args(FaultRequest.model_fields[name].annotation) for a in get_args(t)}
+
+    assert allowed("throttle") == set(THROTTLE_FAULTS)
+    assert allowed("pcieWidth") == set(PCIE_WIDTHS)
+    gen = FaultRequest.model_fields["pcieGen"].metadata
+    assert (min(PCIE_GENS), max(PCIE_GENS)) == (next(m.ge for m in gen if hasattr(m, "ge")),
+                                                next(m.le for m in gen if hasattr(m, "le")))
 
 
 def test_clone_submits_the_same_spec_under_the_next_free_retry_name(client: TestClient) -> None:

@@ -94,6 +94,11 @@ def test_required_alerts_and_severities() -> None:
         "ApiaryGpuUsedByForeignProcess": "warn",
         "ApiaryGpuCountChanged": "error",
         "ApiaryGpuTooHot": "warn",
+        "ApiaryGpuRowRemapFailure": "error",
+        "ApiaryGpuPcieLinkDegraded": "error",
+        "ApiaryGpuThermalThrottling": "warn",
+        "ApiaryGpuPowerThrottling": "warn",
+        "ApiaryGpuHwSlowdown": "warn",
         "ApiaryNodeDown": "fatal",
         "ApiaryNodeDiskFull": "warn",
         "ApiaryNodeMemoryPressure": "warn",
@@ -110,6 +115,10 @@ def test_required_alerts_and_severities() -> None:
     # Integration tests rely on the DBE alert firing on the first evaluation.
     assert alerts["ApiaryGpuEccDoubleBitError"]["for"] == "0s"
     assert alerts["ApiaryNodeDown"]["for"] == "30s"
+    # A row-remapping failure cordons at once; throttling warns only once it is sustained.
+    assert alerts["ApiaryGpuRowRemapFailure"]["for"] == "0s"
+    for name in ("ApiaryGpuThermalThrottling", "ApiaryGpuPowerThrottling", "ApiaryGpuHwSlowdown"):
+        assert alerts[name]["for"] == "5m", name
     assert 'up{job="apiary-node"} == 0' in alerts["ApiaryNodeDown"]["expr"]
 
 

@@ -10,6 +10,9 @@ One pipeline: the actions config (cordon, email the admin) and the incident's re
 each action is recorded once in the alert-action log and in the incident's timeline, and the
 incident links no Apiary job that does not exist (the alert's `job` label is Prometheus' scrape
 job, `apiary-node`).
+
+The same path for GPU health beyond ECC/XID: an injected row-remapping failure cordons the node
+with a reason naming the GPU and the cause.
 """
 
 from __future__ import annotations
@@ -89,6 +92,35 @@ def test_ecc_fault_fires_alert_cordons_node_and_emails(tmp_path, smtp):
         for linked in view["links"]["jobs"]:  # nothing ran on hostname-dan: no job, and no scrape job
             assert c._call("GET", f"/api/v2/jobs/{linked}").status_code == 200, linked
         assert "apiary-node" not in view["links"]["jobs"]
+    finally:
+        p.stop()
+
+
+def test_row_remap_failure_fault_cordons_the_node_with_the_gpu_and_the_cause(tmp_path, smtp):
+    """The same path for GPU health beyond ECC/XID: an injected row-remapping failure fires
+    ApiaryGpuRowRemapFailure (`for: 0s`) in Prometheus, reaches Apiary through Alertmanager, and the
+    packaged response rule cordons hostname-dan with a reason naming the GPU and the cause."""
+    require_monitoring()
+    controller, _ = smtp
+    p = Embedded(home=tmp_path / "home", cluster=LAB6 / "hived-config-one-vc.yaml", prefect=False,
+                 monitoring=True, monitoring_interval_s=1, smtp_smarthost=f"127.0.0.1:{controller.port}",
+                 workdir=str(REPO_ROOT))
+    try:
+        p.start()
+        p.start_supervisor(period_s=0.2)
+        c = Tenants(p.client())
+        until(lambda: nodes_ready(c, 2), 60, "node agents")
+        prom = p.prometheus_url
+        until(lambda: _up_targets(prom) >= 3, 60, "Prometheus scraping the control plane and both nodes")
+
+        c._call("POST", "/api/v2/nodes/hostname-dan/faults", json={"gpu": 0, "rowRemapFailure": True})
+        alert = until(lambda: _firing(prom, "ApiaryGpuRowRemapFailure"), 30, "the alert firing in Prometheus")
+        assert alert["labels"]["node"] == "hostname-dan" and alert["labels"]["gpu"] == "0"
+        node = until(lambda: next((n for n in c.nodes() if n["name"] == "hostname-dan" and n["cordoned"]), None),
+                     30, "hostname-dan cordoned by the alert pipeline")
+        got = c._call("GET", f"/api/v2/nodes/{node['name']}").json()["cordons"]
+        assert any("GPU 0 on node hostname-dan" in x["reason"] and "row remapping failed" in x["reason"]
+                   for x in got), got
     finally:
         p.stop()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import SimpleNamespace
+from typing import Any
 
 MIB = 1024 * 1024
 
@@ -50,6 +51,12 @@ class FakeGpu:
     pcie_replay: int = 0
     pids: list[int] = field(default_factory=list)
     lost: bool = False  # every per-device call raises GpuIsLost
+    # Health beyond ECC/XID; None: NVML answers NotSupported for that call on this GPU.
+    remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # (corr, unc, pending, failure)
+    retired_pages: tuple[list[int], list[int]] | None = ([], [])  # (SBE, DBE) page addresses
+    retired_pending: int | None = 0
+    throttle_reasons: int | None = 0x1  # GPU idle
+    pcie: tuple[int, int, int, int] | None = (4, 16, 4, 16)  # (gen, width, max gen, max width)
 
 
 class FakeNvml:
@@ -64,6 +71,8 @@ class FakeNvml:
     NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
     NVML_VOLATILE_ECC = 0
+    NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
+    NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
     nvmlEventTypeXidCriticalError = 0x8
     NVMLError = NVMLError
     NVMLError_LibraryNotFound = NVMLError_LibraryNotFound
@@ -158,6 +167,36 @@ class FakeNvml:
 
     def nvmlDeviceGetPcieReplayCounter(self, handle: int) -> int:
         return self._dev(handle).pcie_replay
+
+    def _supported(self, value: Any) -> Any:
+        if value is None:
+            raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
+        return value
+
+    def nvmlDeviceGetRemappedRows(self, handle: int) -> tuple[int, int, int, int]:
+        return self._supported(self._dev(handle).remapped_rows)
+
+    def nvmlDeviceGetRetiredPages(self, handle: int, source: int) -> list[int]:
+        pages = self._supported(self._dev(handle).retired_pages)
+        return list(pages[source])  # source: NVML_PAGE_RETIREMENT_CAUSE_* (0: SBE, 1: DBE)
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: int) -> int:
+        return self._supported(self._dev(handle).retired_pending)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: int) -> int:
+        return self._supported(self._dev(handle).throttle_reasons)
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: int) -> int:
+        return self._supported(self._dev(handle).pcie)[0]
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: int) -> int:
+        return self._supported(self._dev(handle).pcie)[1]
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: int) -> int:
+        return self._supported(self._dev(handle).pcie)[2]
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: int) -> int:
+        return self._supported(self._dev(handle).pcie)[3]
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
         return [SimpleNamespace(pid=p, usedGpuMemory=0) for p in self._dev(handle).pids]

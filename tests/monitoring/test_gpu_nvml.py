@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from tests.monitoring.fake_nvml import MIB, FakeGpu, FakeNvml, NVMLError_LibraryNotFound
+from tests.monitoring.fake_nvml import MIB, FakeGpu, FakeNvml, NVMLError, NVMLError_LibraryNotFound
 from tests.monitoring.helpers import parse, scrape, value
 
 from apiary.monitoring.gpu import DCGM_FIELDS, DCGM_LABELS, GpuCollector, NvmlGpus
@@ -162,3 +162,100 @@ def test_real_pynvml_without_driver(caplog):
         assert value(snap, "apiary_node_gpu_count", Hostname="node-real") == 0
     assert snap["apiary_nvml_info"][0].labels["reason"].startswith("NVMLError")
     assert len([r for r in caplog.records if "NVML unavailable" in r.getMessage()]) == 1
+
+
+# ------------------------------------------------------------------------ health beyond ECC and XID
+
+
+class OldBindings(FakeNvml):
+    """pynvml before the clocks "event" rename: only ``...ThrottleReasons`` exists."""
+
+    nvmlDeviceGetCurrentClocksEventReasons = None  # type: ignore[assignment]
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: int) -> int:
+        return self._supported(self._dev(handle).throttle_reasons)
+
+
+def health_gpus(cls: type[FakeNvml] = FakeNvml) -> FakeNvml:
+    return cls(
+        [
+            # Hopper-like: rows remapped, one pending a reset; no page retirement; SW thermal + power cap;
+            # a link trained at gen 3 of 5.
+            FakeGpu(uuid="GPU-h100", name="NVIDIA H100 80GB HBM3", remapped_rows=(2, 1, 1, 0), retired_pages=None,
+                    retired_pending=None, throttle_reasons=0x24, pcie=(3, 16, 5, 16)),
+            # Volta-like: retires pages, no row remapper; an SXM board whose PCIe queries are unsupported.
+            FakeGpu(uuid="GPU-v100", minor=1, name="Tesla V100-SXM2-32GB", remapped_rows=None,
+                    retired_pages=([0x1000], [0x2000, 0x3000]), retired_pending=1, throttle_reasons=0x1, pcie=None),
+        ]
+    )
+
+
+def test_health_metrics_with_dcgm_names_and_labels():
+    s = parse(scrape(GpuCollector(NvmlGpus(health_gpus()), "node-h")))
+    h100 = dict(gpu="0", UUID="GPU-h100", device="nvidia0", pci_bus_id="00000000:07:00.0",
+                modelName="NVIDIA H100 80GB HBM3", Hostname="node-h")
+    expected = {
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 2, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 1,
+        "DCGM_FI_DEV_ROW_REMAP_PENDING": 1, "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0,
+        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": 0x24,
+        "DCGM_FI_DEV_PCIE_LINK_GEN": 3, "DCGM_FI_DEV_PCIE_LINK_WIDTH": 16,
+        "DCGM_FI_DEV_PCIE_MAX_LINK_GEN": 5, "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH": 16,
+    }
+    for name, want in expected.items():
+        assert value(s, name, **h100) == want, name
+        assert all(set(x.labels) == set(DCGM_LABELS) for x in s[name]), name
+    v100 = dict(gpu="1", UUID="GPU-v100", device="nvidia1")
+    assert value(s, "DCGM_FI_DEV_RETIRED_SBE", **v100) == 1  # pages: the length of NVML's address list
+    assert value(s, "DCGM_FI_DEV_RETIRED_DBE", **v100) == 2
+    assert value(s, "DCGM_FI_DEV_RETIRED_PENDING", **v100) == 1
+    assert value(s, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", **v100) == 0x1
+
+
+@pytest.mark.parametrize(("names", "supported_by"), [
+    pytest.param(["DCGM_FI_DEV_RETIRED_SBE", "DCGM_FI_DEV_RETIRED_DBE", "DCGM_FI_DEV_RETIRED_PENDING"], ["1"],
+                 id="page-retirement-not-supported-on-hopper"),
+    pytest.param(["DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+                  "DCGM_FI_DEV_ROW_REMAP_PENDING", "DCGM_FI_DEV_ROW_REMAP_FAILURE"], ["0"],
+                 id="row-remapping-not-supported-on-volta"),
+    pytest.param(["DCGM_FI_DEV_PCIE_LINK_GEN", "DCGM_FI_DEV_PCIE_LINK_WIDTH", "DCGM_FI_DEV_PCIE_MAX_LINK_GEN",
+                  "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH"], ["0"], id="pcie-not-supported"),
+])
+def test_not_supported_leaves_the_metric_out_for_that_gpu_only(caplog, names, supported_by):
+    with caplog.at_level(logging.WARNING, logger="apiary.monitoring.gpu"):
+        s = parse(scrape(GpuCollector(NvmlGpus(health_gpus()), "node-h")))
+    for name in names:
+        assert [x.labels["gpu"] for x in s[name]] == supported_by, name
+    assert value(s, "apiary_node_gpu_count", Hostname="node-h") == 2  # the scrape is whole
+    assert not [r for r in caplog.records if "cannot read" in r.getMessage()]  # NOT_SUPPORTED is not a warning
+
+
+def test_other_nvml_errors_leave_the_metric_out_and_warn_once_per_gpu(caplog):
+    nv = health_gpus()
+
+    def broken(handle: int) -> tuple[int, int, int, int]:
+        raise NVMLError(999)
+
+    nv.nvmlDeviceGetRemappedRows = broken  # type: ignore[method-assign]
+    collector = GpuCollector(NvmlGpus(nv), "node-h")
+    with caplog.at_level(logging.WARNING, logger="apiary.monitoring.gpu"):
+        s = parse(scrape(collector))
+        scrape(collector)
+    assert "DCGM_FI_DEV_ROW_REMAP_FAILURE" not in s
+    assert value(s, "DCGM_FI_DEV_PCIE_LINK_GEN", gpu="0") == 3
+    warned = [r.getMessage() for r in caplog.records if "cannot read remapped rows" in r.getMessage()]
+    assert warned == ["GPU 0: cannot read remapped rows: error 999",
+                      "GPU 1: cannot read remapped rows: error 999"]  # once per GPU, not per scrape
+
+
+def test_older_bindings_read_the_throttle_reasons():
+    s = parse(scrape(GpuCollector(NvmlGpus(health_gpus(OldBindings)), "node-h")))
+    assert value(s, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", gpu="0") == 0x24
+
+
+def test_bindings_without_a_health_call_leave_it_out():
+    class Minimal(FakeNvml):
+        nvmlDeviceGetRemappedRows = None  # type: ignore[assignment]
+
+    s = parse(scrape(GpuCollector(NvmlGpus(health_gpus(Minimal)), "node-h")))
+    assert "DCGM_FI_DEV_ROW_REMAP_FAILURE" not in s
+    assert value(s, "DCGM_FI_DEV_PCIE_MAX_LINK_GEN", gpu="0") == 5

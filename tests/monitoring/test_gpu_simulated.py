@@ -7,7 +7,8 @@ import threading
 import pytest
 from tests.monitoring.helpers import parse, scrape, value
 
-from apiary.monitoring.gpu import GpuCollector, SimulatedGpus
+from apiary.monitoring.gpu import H100_SPEC, GpuCollector, SimulatedGpus
+from apiary.monitoring.gpu_health import THROTTLE_FAULTS, THROTTLE_GPU_IDLE
 
 
 def task(index: int, gpus: list[int], pid: int | None = None, job: str = "alice~train") -> dict:
@@ -134,3 +135,76 @@ def test_collector_output_for_simulated_gpus():
     assert value(s, "apiary_gpu_simulated", Hostname="sim-1") == 1
     assert "apiary_nvml_available" not in s
     assert value(s, "apiary_node_gpu_count", Hostname="sim-1") == 2
+
+
+# ------------------------------------------------------------------------ health beyond ECC and XID
+
+
+@pytest.mark.parametrize(("spec", "gen", "retired"), [
+    pytest.param(None, 4, 0.0, id="a100-like-default"),
+    pytest.param(H100_SPEC, 5, None, id="h100-like-gen5-no-page-retirement"),
+])
+def test_healthy_health_values_per_sku(spec, gen, retired):
+    sim = SimulatedGpus("sim-1", 2, tasks=lambda: [task(0, [0])], clock=lambda: 1000.0, spec=spec)
+    busy, idle = by_gpu(sim)[0], by_gpu(sim)[1]
+    for s in (busy, idle):
+        assert (s.pcie_link_gen, s.pcie_link_width, s.pcie_max_link_gen, s.pcie_max_link_width) == (gen, 16, gen, 16)
+        assert (s.row_remap_failure, s.row_remap_pending, s.remapped_rows_unc, s.remapped_rows_corr) == (0, 0, 0, 0)
+        assert s.retired_dbe == retired and s.retired_pending == (None if retired is None else 0.0)
+    assert busy.throttle_reasons == 0 and idle.throttle_reasons == THROTTLE_GPU_IDLE  # NVML's "GPU idle" bit
+
+
+def test_health_faults_change_the_metrics_and_clear_resets_them():
+    sim = SimulatedGpus("sim-1", 2, tasks=lambda: [task(0, [0])], clock=lambda: 1000.0, spec=H100_SPEC)
+    normal = by_gpu(sim)
+    assert sim.inject(0, row_remap_failure=True) == {"row_remap_failure": True}
+    sim.inject(0, row_remap_pending=True, throttle="thermal")
+    sim.inject(1, pcie_gen=3, pcie_width=8, throttle="power")
+    g0, g1 = by_gpu(sim)[0], by_gpu(sim)[1]
+    assert (g0.row_remap_failure, g0.row_remap_pending, g0.remapped_rows_unc) == (1, 1, 1)
+    assert g0.throttle_reasons == THROTTLE_FAULTS["thermal"]  # busy: no idle bit
+    assert (g1.pcie_link_gen, g1.pcie_link_width, g1.pcie_max_link_gen, g1.pcie_max_link_width) == (3, 8, 5, 16)
+    assert g1.throttle_reasons == THROTTLE_GPU_IDLE | THROTTLE_FAULTS["power"]
+    assert sim.faults() == {0: {"row_remap_failure": True, "row_remap_pending": True, "throttle": "thermal"},
+                            1: {"throttle": "power", "pcie_gen": 3, "pcie_width": 8}}
+    assert g0.util == normal[0].util  # a health fault does not change the load
+    sim.clear(0)
+    assert by_gpu(sim)[0] == normal[0]
+    sim.clear()
+    assert by_gpu(sim) == normal and sim.faults() == {}
+
+
+def test_retired_pages_count_up_on_a_sku_that_retires_pages():
+    sim = SimulatedGpus("sim-1", 1, clock=lambda: 1000.0)
+    sim.inject(0, retired_pages=2)
+    sim.inject(0, retired_pages=1)
+    s = sim.samples()[0]
+    assert (s.retired_dbe, s.retired_sbe, s.retired_pending) == (3, 0, 1)
+
+
+@pytest.mark.parametrize(("kinds", "spec", "message"), [
+    pytest.param({"throttle": "cold"}, None, "throttle must be one of", id="unknown-throttle"),
+    pytest.param({"pcie_gen": 5}, None, "pcie_gen must be in 1..4", id="gen-above-the-sku"),
+    pytest.param({"pcie_gen": 0}, H100_SPEC, "pcie_gen must be in 1..5", id="gen-zero"),
+    pytest.param({"pcie_width": 3}, None, "pcie_width must be one of", id="width-not-a-lane-count"),
+    pytest.param({"pcie_width": 32}, None, "pcie_width must be one of", id="width-above-the-sku"),
+    pytest.param({"retired_pages": -1}, None, "retired_pages must be >= 0", id="negative-pages"),
+    pytest.param({"retired_pages": 1}, H100_SPEC, "remaps rows instead", id="pages-on-hopper"),
+])
+def test_health_faults_are_validated(kinds, spec, message):
+    sim = SimulatedGpus("sim-1", 1, spec=spec)
+    with pytest.raises(ValueError, match=message):
+        sim.inject(0, **kinds)
+    assert sim.faults() == {}  # nothing half-applied
+
+
+def test_collector_exports_injected_health_faults():
+    sim = SimulatedGpus("sim-1", 2, clock=lambda: 1000.0, spec=H100_SPEC)
+    sim.inject(1, pcie_width=4, row_remap_failure=True)
+    s = parse(scrape(GpuCollector(sim, "sim-1", expected=2)))
+    labels = dict(gpu="1", UUID="GPU-SIM-sim-1-1", device="nvidia1", modelName="Simulated H100", Hostname="sim-1")
+    assert value(s, "DCGM_FI_DEV_PCIE_LINK_WIDTH", **labels) == 4
+    assert value(s, "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", **labels) == 16
+    assert value(s, "DCGM_FI_DEV_ROW_REMAP_FAILURE", **labels) == 1
+    assert value(s, "DCGM_FI_DEV_ROW_REMAP_FAILURE", gpu="0") == 0
+    assert "DCGM_FI_DEV_RETIRED_DBE" not in s  # Hopper-like: NOT_SUPPORTED, left out

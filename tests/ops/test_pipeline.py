@@ -13,16 +13,19 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from tests.monitoring.helpers import parse
 from tests.support.auth import with_auth
 from tests.support.builders import LAB6, job_text
 
 from apiary.api import create_app
 from apiary.auth import Directory
 from apiary.control import ControlPlane
+from apiary.monitoring import NodeExporter
 from apiary.ops.alerts import ActionsConfig, AlertmanagerPayload, AlertReceiver, Rule, SmtpConfig
 from apiary.response.config import ResponseConfig
 from apiary.response.service import IncidentService
 from apiary.response.store import IncidentStore
+from apiary.runtime.faults import SimulatedFaults
 from apiary.spec.cluster import load_cluster_config
 from apiary.store import make_engine, migrate, session_factory
 
@@ -160,3 +163,80 @@ def test_an_action_that_breaks_unexpectedly_is_recorded_failed_and_a_resend_runs
     (again,) = receiver.receive(body, ["stop-job"])
     assert again["status"] == "ok"
     assert [(a["action"], a["status"]) for a in receiver.recent_actions()] == [("stop-job", "ok")]
+
+
+# ------------------------------------------------------------------ GPU health faults to a cordon
+
+
+def _agent_applies(plane: ControlPlane, node: str) -> dict[str, list]:
+    """What the node's agent does with its queued faults (apiary.runtime.faults over a simulated
+    NodeExporter), then the samples Prometheus would scrape from it."""
+    exporter = NodeExporter(node, lambda: [], gpus=1, simulated=True)
+    faults = SimulatedFaults(node)
+    faults.exporter = exporter
+    faults.apply(plane.node_faults(node))
+    return parse(exporter.render().decode())
+
+
+def _gpu0(samples: dict[str, list], name: str) -> str:
+    (s,) = [x for x in samples[name] if x.labels["gpu"] == "0"]
+    return f"{s.value:.0f}"
+
+
+def _row_remap_summary(s: dict[str, list]) -> str | None:
+    if _gpu0(s, "DCGM_FI_DEV_ROW_REMAP_FAILURE") == "0":
+        return None
+    return "GPU 0 on node hostname-dan: row remapping failed (no spare memory row left)"
+
+
+def _pcie_summary(s: dict[str, list]) -> str | None:
+    gen, width, max_gen, max_width = (_gpu0(s, f"DCGM_FI_DEV_PCIE_{k}") for k in
+                                      ("LINK_GEN", "LINK_WIDTH", "MAX_LINK_GEN", "MAX_LINK_WIDTH"))
+    if int(width) >= int(max_width):  # idle GPU: the generation does not count (gpu.yml)
+        return None
+    return f"GPU 0 on node hostname-dan: PCIe link degraded to gen {gen} x{width} (max gen {max_gen} x{max_width})"
+
+
+@pytest.mark.parametrize(("fault", "alertname", "summary_of", "cause"), [
+    pytest.param({"rowRemapFailure": True}, "ApiaryGpuRowRemapFailure", _row_remap_summary, "row remapping failed",
+                 id="row-remap-failure"),
+    pytest.param({"pcieWidth": 8}, "ApiaryGpuPcieLinkDegraded", _pcie_summary, "PCIe link degraded to gen 4 x8",
+                 id="pcie-width"),
+])
+def test_an_injected_gpu_health_fault_cordons_the_node_with_the_gpu_and_the_cause(plane, smtp, fault, alertname,
+                                                                                   summary_of, cause):
+    """Fault -> metrics -> alert -> cordon with the packaged configs, without Prometheus: the operator's
+    fault (REST) reaches the agent's simulated GPUs; the alert its rule raises on those samples (its
+    expression and rendered summary are promtool-tested in deploy/prometheus/tests/gpu_test.yml,
+    mirrored here by ``summary_of``) goes through the one alert pipeline: the default actions config
+    and the default response rules both cordon, once, with a reason naming the GPU and the cause.
+    tests/e2e/test_alerting.py runs the same path through a real Prometheus and Alertmanager."""
+    controller, _ = smtp
+    config = ActionsConfig.load().model_copy(update={"smtp": SmtpConfig(host="127.0.0.1", port=controller.port)})
+    client = with_auth(TestClient(create_app(plane, AlertReceiver(plane, config))), plane)
+    healthy = _agent_applies(plane, "hostname-dan")
+    assert summary_of(healthy) is None  # the rule does not fire on a healthy GPU
+
+    assert client.post("/api/v2/nodes/hostname-dan/faults", json={"gpu": 0, **fault}).status_code == 200
+    summary = summary_of(_agent_applies(plane, "hostname-dan"))
+    assert summary is not None
+    body = payload(alertname, node="hostname-dan", gpu="0", severity="error", job="apiary-node",
+                   instance="127.0.0.1:9")
+    body["alerts"][0]["annotations"]["summary"] = summary
+    body["commonAnnotations"] = body["alerts"][0]["annotations"]  # one alert: Alertmanager's common ones
+    ran = client.post("/api/v2/alerts/webhook", json=body).json()["actions"]
+    assert [a["action"] for a in ran].count("cordon-node") == 1, ran
+    node = client.get("/api/v2/nodes/hostname-dan").json()
+    assert node["cordoned"] is True
+    (reason,) = [c["reason"] for c in node["cordons"]]
+    assert alertname in reason and "GPU 0 on node hostname-dan" in reason and cause in reason, reason
+
+
+def test_throttling_warns_but_does_not_cordon(plane, smtp):
+    controller, _ = smtp
+    config = ActionsConfig.load().model_copy(update={"smtp": SmtpConfig(host="127.0.0.1", port=controller.port)})
+    client = with_auth(TestClient(create_app(plane, AlertReceiver(plane, config))), plane)
+    for i, name in enumerate(("ApiaryGpuThermalThrottling", "ApiaryGpuPowerThrottling", "ApiaryGpuHwSlowdown")):
+        body = payload(name, f"t{i}", node="hostname-dan", gpu="0", severity="warn", job="apiary-node")
+        assert client.post("/api/v2/alerts/webhook", json=body).status_code == 200
+    assert next(n for n in plane.list_nodes() if n["name"] == "hostname-dan")["cordoned"] is False

@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from apiary.errors import ValidationError
 from apiary.spec import job as job_protocol  # the module: its models are not the API's own (no aliases)
@@ -197,7 +197,26 @@ class FaultRequest(RequestBody):
                     "node's agent gives tasks on it APIARY_SIMULATED_SLOWDOWN=FACTOR, which the stress drill's "
                     "benchmark honours (examples/stress/bench.py). A simulation, for drills.",
     )
+    # Health beyond ECC/XID (apiary.monitoring.gpu_health; tests/api check these literals match it).
+    rowRemapFailure: bool | None = Field(
+        default=None, description="Set (true) or unset the row-remapping failure flag (no spare row left: RMA).")
+    rowRemapPending: bool | None = Field(
+        default=None, description="Set (true) or unset a row remap pending until the GPU is reset.")
+    retiredPages: int | None = Field(
+        default=None, ge=0, le=INT32_MAX,
+        description="Retire N more pages for double-bit errors (GPU models that retire pages; the agent "
+                    "rejects it on one that remaps rows instead).")
+    throttle: Literal["thermal", "power", "hw_slowdown"] | None = Field(
+        default=None, description="Hold the clocks throttled for this reason until cleared.")
+    pcieGen: int | None = Field(
+        default=None, ge=1, le=6,
+        description="Train the PCIe link at generation N (the agent rejects N above the GPU's maximum).")
+    pcieWidth: Literal[1, 2, 4, 8, 16, 32] | None = Field(
+        default=None, description="Train the PCIe link at N lanes (the agent rejects N above the GPU's maximum).")
     clear: bool = Field(default=False, description="Reset the GPU's faults.")
+
+    # A misspelt fault kind is a 400 naming it, not a fault silently reduced to the others.
+    model_config = ConfigDict(extra="forbid")
 
 
 #: At most this many bytes of output ride in one node report (:class:`LogChunk`); an agent sends
@@ -475,6 +494,12 @@ class Fault(BaseModel):
     xid: int | None = None
     temp: float | None = None
     degraded: float | None = None
+    row_remap_failure: bool | None = None
+    row_remap_pending: bool | None = None
+    retired_pages: int | None = None
+    throttle: str | None = None
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
     clear: bool | None = None
 
 

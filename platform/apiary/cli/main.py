@@ -515,10 +515,21 @@ def node_fault(
     ecc_dbe: int | None = typer.Option(None, "--ecc-dbe", help="Add N double-bit ECC errors."),
     xid: int | None = typer.Option(None, "--xid", help="Raise XID error CODE."),
     temp: float | None = typer.Option(None, "--temp", help="Force the temperature (Celsius)."),
+    row_remap_failure: bool = typer.Option(False, "--row-remap-failure", help="Fail the row remapper (no spare row)."),
+    row_remap_pending: bool = typer.Option(False, "--row-remap-pending", help="Leave a row remap pending a reset."),
+    retired_pages: int | None = typer.Option(None, "--retired-pages", help="Retire N more pages (DBE)."),
+    throttle: str | None = typer.Option(None, "--throttle", help="Throttle the clocks: thermal, power or hw_slowdown."),
+    pcie_gen: int | None = typer.Option(None, "--pcie-gen", help="Train the PCIe link at generation N."),
+    pcie_width: int | None = typer.Option(None, "--pcie-width", help="Train the PCIe link at N lanes."),
     clear: bool = typer.Option(False, "--clear", help="Clear the GPU's injected faults."),
 ) -> None:
-    """Inject a fault into a node's simulated GPU, like DCGM's error injection."""
-    body = {"gpu": gpu, "eccDbe": ecc_dbe, "xid": xid, "temp": temp, "clear": clear}
+    """Inject a fault into a node's simulated GPU, like DCGM's error injection. The control plane
+    checks the values (a 400 names the bad one); the node's agent applies the fault."""
+    body = {"gpu": gpu, "eccDbe": ecc_dbe, "xid": xid, "temp": temp, "retiredPages": retired_pages,
+            "throttle": throttle, "pcieGen": pcie_gen, "pcieWidth": pcie_width, "clear": clear,
+            # flags: only when given, so that a fault of another kind does not unset them
+            "rowRemapFailure": True if row_remap_failure else None,
+            "rowRemapPending": True if row_remap_pending else None}
     try:
         fault = _client()._call("POST", f"/api/v2/nodes/{node}/faults", json=body).json()
     except ApiaryError as e:

@@ -6,7 +6,8 @@ file lists every metric (type, unit, labels, source) and is what the alert rules
 
 * :mod:`apiary.monitoring.gpu` -- :class:`GpuCollector` over :class:`NvmlGpus` (real GPUs through
   ``pynvml``) or :class:`SimulatedGpus` (load-driven model with DCGM-like fault injection), exposing
-  dcgm-exporter's names and labels.
+  dcgm-exporter's names and labels; :mod:`apiary.monitoring.gpu_health` reads and models the health
+  fields beyond ECC and XID (row remapping, retired pages, clock-throttle reasons, PCIe link).
 * :mod:`apiary.monitoring.host` -- :class:`HostCollector` (psutil: CPU, memory, disks, network).
 * :mod:`apiary.monitoring.tasks` -- :class:`TaskCollector` (CPU, RSS and GPU use of each running task).
 * :mod:`apiary.monitoring.platform_metrics` -- :class:`PlatformCollector` (jobs, queue, VC cells,

@@ -31,6 +31,14 @@ from typing import Any, Protocol
 import psutil
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
+from apiary.monitoring.gpu_health import (
+    HEALTH_FIELDS,
+    HealthFaults,
+    check_health_faults,
+    read_nvml_health,
+    simulated_health,
+)
+
 logger = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
@@ -49,6 +57,7 @@ DCGM_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("ecc_dbe_vol", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors."),
     ("xid_last", "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered."),
     ("pcie_replay", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries."),
+    *HEALTH_FIELDS,  # row remapping, retired pages, throttle reasons, PCIe link (apiary.monitoring.gpu_health)
 )
 
 
@@ -73,6 +82,20 @@ class GpuSample:
     xid_last: float | None = 0
     pcie_replay: float | None = None
     xid_events: int = 0
+    # Health beyond ECC/XID (apiary.monitoring.gpu_health.HEALTH_FIELDS): counts, 0/1 flags, a bitmask,
+    # PCIe generation and lanes.
+    remapped_rows_corr: float | None = None
+    remapped_rows_unc: float | None = None
+    row_remap_pending: float | None = None
+    row_remap_failure: float | None = None
+    retired_sbe: float | None = None
+    retired_dbe: float | None = None
+    retired_pending: float | None = None
+    throttle_reasons: float | None = None
+    pcie_link_gen: float | None = None
+    pcie_link_width: float | None = None
+    pcie_max_link_gen: float | None = None
+    pcie_max_link_width: float | None = None
     # pids of the compute processes on the GPU; None when unknown.
     process_pids: tuple[int, ...] | None = None
 
@@ -279,6 +302,8 @@ class NvmlGpus:
         s.ecc_sbe_vol = r(nv, i, "ECC SBE", ecc, h, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC)
         s.ecc_dbe_vol = r(nv, i, "ECC DBE", ecc, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)
         s.pcie_replay = r(nv, i, "PCIe replays", nv.nvmlDeviceGetPcieReplayCounter, h)
+        for attr, v in read_nvml_health(nv, lambda what, fn, *args: r(nv, i, what, fn, *args), h).items():
+            setattr(s, attr, v)
         procs = r(nv, i, "compute processes", nv.nvmlDeviceGetComputeRunningProcesses, h)
         s.process_pids = tuple(int(p.pid) for p in procs) if procs is not None else None
         return s
@@ -355,6 +380,10 @@ class _Faults:
     foreign: int = 0
     lost: bool = False
     degraded: float = 1.0  # simulated slowdown factor (1 = healthy)
+    health: HealthFaults = field(default_factory=HealthFaults)
+
+    def copy(self) -> _Faults:
+        return _Faults(**{**vars(self), "health": HealthFaults(**vars(self.health))})
 
     def active(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -369,12 +398,18 @@ class _Faults:
             out["lost"] = True
         if self.degraded != 1.0:
             out["degraded"] = self.degraded
-        return out
+        return out | self.health.active()
 
 
 @dataclass
 class SimulatedGpuSpec:
-    """Hardware constants of a simulated GPU (A100-80GB-like by default)."""
+    """Hardware constants of a simulated GPU (A100-80GB-like by default; :data:`H100_SPEC` for Hopper).
+
+    ``pcie_max_gen`` / ``pcie_max_width``: the link a healthy board trains to. ``row_remapping``: the
+    GPU remaps rows (Ampere and newer); ``page_retirement``: it retires pages (before Ampere; real
+    A100s answer NOT_SUPPORTED). The A100-like default keeps both so that every fault kind can be
+    drilled on the default simulated nodes.
+    """
 
     model_name: str = "Simulated GPU"
     memory_mib: int = 81920
@@ -387,7 +422,17 @@ class SimulatedGpuSpec:
     temp_per_util_c: float = 0.5  # +50 C at 100 %
     util_range: tuple[float, float] = (60.0, 95.0)
     jitter_pct: float = 3.0
+    pcie_max_gen: int = 4
+    pcie_max_width: int = 16
+    row_remapping: bool = True
+    page_retirement: bool = True
 
+
+#: An H100/H200-SXM-like SKU: PCIe gen 5 x16, row remapping only (Hopper retires no pages).
+H100_SPEC = SimulatedGpuSpec(
+    model_name="Simulated H100", idle_power_w=70.0, max_power_w=700.0, max_sm_clock_mhz=1980, mem_clock_mhz=2619,
+    pcie_max_gen=5, page_retirement=False,
+)
 
 FOREIGN_PID_BASE = 1 << 23  # above Linux's pid_max (4194304): never a real platform pid
 
@@ -451,6 +496,12 @@ class SimulatedGpus:
         foreign: int | None = None,
         lost: bool | None = None,
         degraded: float | None = None,
+        row_remap_failure: bool | None = None,
+        row_remap_pending: bool | None = None,
+        retired_pages: int | None = None,
+        throttle: str | None = None,
+        pcie_gen: int | None = None,
+        pcie_width: int | None = None,
     ) -> dict[str, Any]:
         """Inject faults on GPU ``gpu``; returns the GPU's active faults.
 
@@ -460,6 +511,13 @@ class SimulatedGpus:
         the bus: the node's GPU count drops); ``degraded`` (a factor >= 1, 1 = healthy) throttles the
         GPU: its busy SM clock is divided by the factor (the node agent also slows the tasks on it
         down, see ``apiary.runtime.agent``).
+
+        Health (:mod:`apiary.monitoring.gpu_health`): ``row_remap_failure`` / ``row_remap_pending``
+        set the row-remapper flags; ``retired_pages`` adds N pages retired for double-bit errors
+        (pending until cleared); ``throttle`` (``thermal``, ``power``, ``hw_slowdown``) sets that clock
+        throttle reason; ``pcie_gen`` / ``pcie_width`` train the link below the SKU's maximum. Raises
+        ValueError naming the kind for a value the SKU cannot report (see
+        :func:`~apiary.monitoring.gpu_health.check_health_faults`).
         """
         if not 0 <= gpu < self.count:
             raise ValueError(f"no GPU {gpu} on {self.node} (has {self.count})")
@@ -468,6 +526,11 @@ class SimulatedGpus:
                 raise ValueError(f"{name} must be >= 0")
         if degraded is not None and not 1.0 <= float(degraded) <= 1000.0:
             raise ValueError("degraded must be a factor in [1, 1000]")
+        sp = self.spec
+        check_health_faults(max_gen=sp.pcie_max_gen, max_width=sp.pcie_max_width, page_retirement=sp.page_retirement,
+                            retired_pages=retired_pages, throttle=throttle, pcie_gen=pcie_gen, pcie_width=pcie_width)
+        if not sp.row_remapping and (row_remap_failure or row_remap_pending):
+            raise ValueError("row_remap_*: this GPU model retires pages instead of remapping rows")
         with self._lock:
             f = self._faults.setdefault(gpu, _Faults())
             if ecc_dbe:
@@ -487,7 +550,28 @@ class SimulatedGpus:
                 f.lost = bool(lost)
             if degraded is not None:
                 f.degraded = float(degraded)
+            self._inject_health(f.health, row_remap_failure=row_remap_failure, row_remap_pending=row_remap_pending,
+                                retired_pages=retired_pages, throttle=throttle, pcie_gen=pcie_gen,
+                                pcie_width=pcie_width)
             return f.active()
+
+    @staticmethod
+    def _inject_health(h: HealthFaults, *, row_remap_failure: bool | None, row_remap_pending: bool | None,
+                       retired_pages: int | None, throttle: str | None, pcie_gen: int | None,
+                       pcie_width: int | None) -> None:
+        """Apply the (already checked) health kinds given; None leaves a kind as it is."""
+        if row_remap_failure is not None:
+            h.row_remap_failure = bool(row_remap_failure)
+        if row_remap_pending is not None:
+            h.row_remap_pending = bool(row_remap_pending)
+        if retired_pages:
+            h.retired_pages += int(retired_pages)  # a counter, like the ECC ones
+        if throttle is not None:
+            h.throttle = throttle
+        if pcie_gen is not None:
+            h.pcie_gen = int(pcie_gen)
+        if pcie_width is not None:
+            h.pcie_width = int(pcie_width)
 
     def clear(self, gpu: int | None = None) -> None:
         """Clear every fault of ``gpu`` (all GPUs when None) -- like a GPU reset, which also zeroes the
@@ -519,7 +603,7 @@ class SimulatedGpus:
         step = int(now // self.period_s) if self.period_s > 0 else 0
         placements = self._placements()
         with self._lock:
-            faults = {g: _Faults(**vars(f)) for g, f in self._faults.items()}
+            faults = {g: f.copy() for g, f in self._faults.items()}
         out = []
         for g in range(self.count):
             f = faults.get(g) or _Faults()
@@ -545,28 +629,31 @@ class SimulatedGpus:
             power = sp.idle_power_w + (sp.max_power_w - sp.idle_power_w) * util / 100.0 + power_jitter
             sm_clock = sp.idle_sm_clock_mhz if util == 0 else round(sp.max_sm_clock_mhz / f.degraded)
             pids += [FOREIGN_PID_BASE + k for k in range(f.foreign)]
-            out.append(
-                GpuSample(
-                    index=g,
-                    uuid=self.uuid(g),
-                    name=sp.model_name,
-                    device=f"nvidia{g}",
-                    pci_bus_id=f"00000000:{0x18 + 0x10 * g:02X}:00.0",
-                    util=float(util),
-                    fb_used_mib=fb_used,
-                    fb_free_mib=float(sp.memory_mib) - fb_used,
-                    temp_c=temp,
-                    power_w=round(power, 3),
-                    sm_clock_mhz=float(sm_clock),
-                    mem_clock_mhz=float(sp.mem_clock_mhz),
-                    ecc_sbe_vol=float(f.ecc_sbe),
-                    ecc_dbe_vol=float(f.ecc_dbe),
-                    xid_last=float(f.xid_last),
-                    pcie_replay=float(f.pcie_replay),
-                    xid_events=f.xid_events,
-                    process_pids=tuple(pids),
-                )
+            health = simulated_health(f.health, util=util, max_gen=sp.pcie_max_gen, max_width=sp.pcie_max_width,
+                                      row_remapping=sp.row_remapping, page_retirement=sp.page_retirement)
+            sample = GpuSample(
+                index=g,
+                uuid=self.uuid(g),
+                name=sp.model_name,
+                device=f"nvidia{g}",
+                pci_bus_id=f"00000000:{0x18 + 0x10 * g:02X}:00.0",
+                util=float(util),
+                fb_used_mib=fb_used,
+                fb_free_mib=float(sp.memory_mib) - fb_used,
+                temp_c=temp,
+                power_w=round(power, 3),
+                sm_clock_mhz=float(sm_clock),
+                mem_clock_mhz=float(sp.mem_clock_mhz),
+                ecc_sbe_vol=float(f.ecc_sbe),
+                ecc_dbe_vol=float(f.ecc_dbe),
+                xid_last=float(f.xid_last),
+                pcie_replay=float(f.pcie_replay),
+                xid_events=f.xid_events,
+                process_pids=tuple(pids),
             )
+            for attr, v in health.items():
+                setattr(sample, attr, v)
+            out.append(sample)
         return out
 
 

@@ -277,7 +277,7 @@ class ActionPipeline:
             others = f"; still cordoned by {', '.join(c['source'] for c in left)}" if left else ""
             return "ok", f"node {target}: {source}'s cordon removed{others}", Links()
         if name == "drain-node":
-            return self._drain(plane, target, incident, source, by)
+            return self._drain(plane, target, incident, source, reason, by)
         if name == "stop-job":
             plane.stop(target)
             return "ok", f"job {target} stop requested", Links(jobs=(target,), users=(target.split("~", 1)[0],))
@@ -310,10 +310,13 @@ class ActionPipeline:
             return "ok", self.outbox.tell_address(self.admin_email, msg), Links()
         return "ok", self.outbox.post(msg), Links()
 
-    def _drain(self, plane: Platform, node: str, incident: Incident | None, source: str,
+    def _drain(self, plane: Platform, node: str, incident: Incident | None, source: str, reason: str,
                by: str) -> tuple[str, str, Links]:
         before = {j: plane.get_job(j) for j in plane.jobs_on_node(node)}
-        why = f"Node {node} was drained by " + (f"incident {incident.id}." if incident else "an alert.")
+        # The drain re-cordons the node as `source` with `why`, replacing the reason the cordon-node
+        # before it gave: `why` keeps that cause (the incident's or the alert's title, e.g. which GPU
+        # failed how), which the drained jobs' attempts then carry too.
+        why = f"Node {node} was drained by " + (reason if incident else f"an alert: {reason}")
         moved = plane.drain(node, why, source=source, by=by)
         jobs = [before.get(j) or plane.get_job(j) for j in moved]
         links = Links(jobs=tuple(moved), users=tuple(j["user"] for j in jobs),

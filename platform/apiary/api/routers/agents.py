@@ -116,9 +116,12 @@ def node_fault(node: str, body: FaultRequest, plane: Plane, _caller: Admin) -> d
     if body.clear:
         return plane.inject_fault(node, body.gpu, clear=True)
     kinds = {"ecc_dbe": body.eccDbe, "ecc_sbe": body.eccSbe, "xid": body.xid, "temp": body.temp,
-             "degraded": body.degraded}
+             "degraded": body.degraded, "row_remap_failure": body.rowRemapFailure,
+             "row_remap_pending": body.rowRemapPending, "retired_pages": body.retiredPages,
+             "throttle": body.throttle, "pcie_gen": body.pcieGen, "pcie_width": body.pcieWidth}
     if not any(v is not None for v in kinds.values()):
-        raise ValidationError("eccDbe", "give one of eccDbe, eccSbe, xid, temp, degraded or clear")
+        raise ValidationError("eccDbe", "give one of eccDbe, eccSbe, xid, temp, degraded, rowRemapFailure, "
+                                        "rowRemapPending, retiredPages, throttle, pcieGen, pcieWidth or clear")
     return plane.inject_fault(node, body.gpu, **kinds)
 
 
