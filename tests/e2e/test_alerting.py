@@ -17,6 +17,7 @@ with a reason naming the GPU and the cause.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 
@@ -32,6 +33,26 @@ from apiary.embedded import REPO_ROOT, Embedded
 pytestmark = [pytest.mark.e2e, pytest.mark.prometheus]
 
 
+@contextlib.contextmanager
+def monitored_platform(tmp_path, smtp_port: int, env: dict[str, str] | None = None):
+    """An embedded platform (two simulated nodes) scraped every second by Prometheus, its alerts
+    routed through Alertmanager; yields (platform, tenants client, Prometheus URL) once Prometheus
+    scrapes the control plane and both nodes."""
+    p = Embedded(home=tmp_path / "home", cluster=LAB6 / "hived-config-one-vc.yaml", prefect=False,
+                 monitoring=True, monitoring_interval_s=1, smtp_smarthost=f"127.0.0.1:{smtp_port}",
+                 workdir=str(REPO_ROOT), env=env or {})
+    try:
+        p.start()
+        p.start_supervisor(period_s=0.2)
+        c = Tenants(p.client())
+        until(lambda: nodes_ready(c, 2), 60, "node agents")
+        prom = p.prometheus_url
+        until(lambda: _up_targets(prom) >= 3, 60, "Prometheus scraping the control plane and both nodes")
+        yield p, c, prom
+    finally:
+        p.stop()
+
+
 def test_ecc_fault_fires_alert_cordons_node_and_emails(tmp_path, smtp):
     require_monitoring()
     controller, inbox = smtp
@@ -43,17 +64,7 @@ def test_ecc_fault_fires_alert_cordons_node_and_emails(tmp_path, smtp):
         "  - match_re: {alertname: 'ApiaryGpu(EccDoubleBitError|XidError|CountChanged)'}\n"
         "    actions: [cordon-node, email-admin]\n"
     )
-    p = Embedded(home=tmp_path / "home", cluster=LAB6 / "hived-config-one-vc.yaml", prefect=False,
-                 monitoring=True, monitoring_interval_s=1, smtp_smarthost=f"127.0.0.1:{controller.port}",
-                 workdir=str(REPO_ROOT), env={"APIARY_ALERT_ACTIONS": str(actions)})
-    try:
-        p.start()
-        p.start_supervisor(period_s=0.2)
-        c = Tenants(p.client())
-        until(lambda: nodes_ready(c, 2), 60, "node agents")
-        prom = p.prometheus_url
-        until(lambda: _up_targets(prom) >= 3, 60, "Prometheus scraping the control plane and both nodes")
-
+    with monitored_platform(tmp_path, controller.port, {"APIARY_ALERT_ACTIONS": str(actions)}) as (_p, c, prom):
         t0 = time.monotonic()
         c._call("POST", "/api/v2/nodes/hostname-dan/faults", json={"gpu": 0, "eccDbe": 1})
         alert = until(lambda: _firing(prom, "ApiaryGpuEccDoubleBitError"), 30, "the alert firing in Prometheus")
@@ -92,8 +103,6 @@ def test_ecc_fault_fires_alert_cordons_node_and_emails(tmp_path, smtp):
         for linked in view["links"]["jobs"]:  # nothing ran on hostname-dan: no job, and no scrape job
             assert c._call("GET", f"/api/v2/jobs/{linked}").status_code == 200, linked
         assert "apiary-node" not in view["links"]["jobs"]
-    finally:
-        p.stop()
 
 
 def test_row_remap_failure_fault_cordons_the_node_with_the_gpu_and_the_cause(tmp_path, smtp):
@@ -102,17 +111,7 @@ def test_row_remap_failure_fault_cordons_the_node_with_the_gpu_and_the_cause(tmp
     packaged response rule cordons hostname-dan with a reason naming the GPU and the cause."""
     require_monitoring()
     controller, _ = smtp
-    p = Embedded(home=tmp_path / "home", cluster=LAB6 / "hived-config-one-vc.yaml", prefect=False,
-                 monitoring=True, monitoring_interval_s=1, smtp_smarthost=f"127.0.0.1:{controller.port}",
-                 workdir=str(REPO_ROOT))
-    try:
-        p.start()
-        p.start_supervisor(period_s=0.2)
-        c = Tenants(p.client())
-        until(lambda: nodes_ready(c, 2), 60, "node agents")
-        prom = p.prometheus_url
-        until(lambda: _up_targets(prom) >= 3, 60, "Prometheus scraping the control plane and both nodes")
-
+    with monitored_platform(tmp_path, controller.port) as (_p, c, prom):
         c._call("POST", "/api/v2/nodes/hostname-dan/faults", json={"gpu": 0, "rowRemapFailure": True})
         alert = until(lambda: _firing(prom, "ApiaryGpuRowRemapFailure"), 30, "the alert firing in Prometheus")
         assert alert["labels"]["node"] == "hostname-dan" and alert["labels"]["gpu"] == "0"
@@ -121,8 +120,6 @@ def test_row_remap_failure_fault_cordons_the_node_with_the_gpu_and_the_cause(tmp
         got = c._call("GET", f"/api/v2/nodes/{node['name']}").json()["cordons"]
         assert any("GPU 0 on node hostname-dan" in x["reason"] and "row remapping failed" in x["reason"]
                    for x in got), got
-    finally:
-        p.stop()
 
 
 def _up_targets(prom: str) -> int:
