@@ -329,7 +329,7 @@ def main() -> int:
                     wall = asyncio.run(mirror(srv.api_url, strategy, args.jobs, conc, args.chunk))
                     # Wait for the task run recorder (it may lag behind the requests), then 6 s more:
                     # it and the event persister flush every 5 s. Its CPU counts for the strategy.
-                    want = 0 if strategy.startswith("states") else 5 * args.jobs
+                    want = 0 if strategy.startswith("states") else (2 if strategy == "bridge-final" else 5) * args.jobs
                     deadline = time.monotonic() + 120
                     while asyncio.run(count_task_runs(srv.api_url)) < want and time.monotonic() < deadline:
                         time.sleep(1)
