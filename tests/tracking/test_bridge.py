@@ -544,7 +544,11 @@ def test_an_attached_run_its_engine_left_running_ends_with_its_job_after_a_resta
     run = asyncio.run(_run_of(server.api_url, "hal~form"))
     assert (run.state.type.value, run.state_name) == ("CANCELLED", "Cancelled")
     assert "job STOPPED" in run.state.message
-    assert "settle" not in json.loads(state.read_text())["jobs"]["hal~form"]
+    assert "hal~form" not in json.loads(state.read_text())["jobs"]  # nothing left to do: a tombstone
+    tombs = [json.loads(line) for line in (tmp_path / "b.json.tombs").read_text().splitlines()]
+    assert tombs == [["hal~form", {"flowRunId": fid, "lastSeq": 4, "done": True, "owned": False,
+                                   "final": tombs[0][1]["final"]}]]
+    assert tombs[0][1]["final"]["type"] == "CANCELLED"
 
 
 def test_an_attached_run_its_engine_ended_keeps_the_engines_state(server, tmp_path):

@@ -278,10 +278,9 @@ class FlowRunWriter:
                 end_time=FlowRunFilterEndTime(after_=since - timedelta(seconds=30)),
             ),
         )
-        by_run: dict[str, list[tuple[str, dict]]] = {}
-        for job_id, job in self.ledger.jobs.items():
-            if job.get("flowRunId"):
-                by_run.setdefault(job["flowRunId"], []).append((job_id, job))
+        if not cancelling and not cancelled:
+            return
+        by_run = self.ledger.by_flow_run()
         for run in [*cancelling, *cancelled]:
             jobs = by_run.get(str(run.id), [])
             live = [(j, job) for j, job in jobs if not job.get("done")]
