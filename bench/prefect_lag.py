@@ -463,6 +463,7 @@ class LagResult:
     steady: dict = field(default_factory=dict)
     requests: dict = field(default_factory=dict)
     startup_s: float = 0.0
+    job_s: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         pooled = [x for k in POOLED for x in self.lags.get(k, [])]
@@ -490,6 +491,8 @@ class LagResult:
         if self.steady:
             d["cpu_ms_per_job"] = self.steady.get("cpu_ms_per_job")
             d["ui_lag_steady"] = self.steady
+        if self.job_s:
+            d["ui_lag_job_s"] = stats(self.job_s)
         if self.requests:
             d["ui_lag_requests"] = self.requests
         return d
@@ -533,6 +536,19 @@ def job_lags(events: list[dict], states: dict[str, list[tuple[str, str, float]]]
             else:
                 lags[k].append(t_pf - t_ev)
     return dict(lags), dict(missing)
+
+
+def job_durations(events: list[dict]) -> list[float]:
+    """Each job's time in Apiary, seconds from its ``job.submitted`` to its ``job.completed``
+    event (event times; jobs without both are left out)."""
+    start: dict[str, float] = {}
+    out: list[float] = []
+    for ev in events:
+        if ev["type"] == "job.submitted":
+            start.setdefault(ev["jobId"], float(ev["time"]))
+        elif ev["type"] == "job.completed" and ev["jobId"] in start:
+            out.append(float(ev["time"]) - start[ev["jobId"]])
+    return out
 
 
 def measure_lag(
@@ -615,6 +631,7 @@ def measure_lag(
                 hist = read_states(api, [r.id for r in runs.values()])
                 by_job = {name: hist.get(r.id, []) for name, r in runs.items()}
                 res.lags, res.missing = job_lags(events, by_job, t_end)
+                res.job_s = job_durations(events)
                 window.join()
                 res.steady = window.result(finished_both(events, by_job))
                 finals = [t for h in by_job.values() for typ, _name, t in h if typ in TERMINAL]

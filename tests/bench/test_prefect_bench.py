@@ -154,3 +154,14 @@ def test_steady_window_without_both_snapshots_or_jobs_gives_no_figure(prefect_la
     assert w.result({"a": 1.0}) == {}
     w.snaps = [(100.0, {"agent": 0.0}), (110.0, {"agent": 1.0})]
     assert w.result({})["cpu_ms_per_job"] is None
+
+
+def test_job_durations_run_from_submission_to_completion(prefect_lag) -> None:
+    events = [
+        {"jobId": "a", "type": "job.submitted", "time": 10.0},
+        {"jobId": "b", "type": "job.submitted", "time": 10.5},
+        {"jobId": "a", "type": "task.started", "time": 10.1},
+        {"jobId": "a", "type": "job.completed", "time": 10.25},
+        {"jobId": "c", "type": "job.completed", "time": 11.0},  # its submission was not read: left out
+    ]
+    assert prefect_lag.job_durations(events) == [pytest.approx(0.25)]  # b has not ended

@@ -567,3 +567,25 @@ def test_an_attached_run_its_engine_ended_keeps_the_engines_state(server, tmp_pa
     asyncio.run(PrefectBridge(src, server.api_url, tmp_path / "b.json", settle_after_s=0).sync_once())
     run = asyncio.run(_run_of(server.api_url, "ida~form"))
     assert run.state_name == "Cancelled" and run.state.message == "ended by its engine"
+
+
+def test_summaries_go_out_while_events_keep_coming(server, tmp_path):
+    # A bridge that keeps up with a steady stream rarely reads an empty batch: its finished jobs'
+    # summaries must still go out then, not wait for the stream to stop.
+    src = MemoryEventSource()
+    feed_job(src, "ned~first")
+    bridge = PrefectBridge(src, server.api_url, tmp_path / "bridge.json")
+    real, reads, queued = src.events, [0], []
+
+    async def streaming(after: int, limit: int = 500) -> list[dict]:
+        reads[0] += 1
+        queued.append(len(bridge.ledger.artifacts(100)))
+        if reads[0] <= 3:  # a new job's events arrive before every read, three times
+            src.emit(f"ned~next{reads[0]}", "job.submitted", {"user": "ned", "name": f"next{reads[0]}"})
+        return await real(after, limit)
+
+    src.events = streaming  # type: ignore[method-assign]
+    asyncio.run(bridge.sync_once())
+    assert reads[0] == 4 and queued == [0, 0, 0, 0]  # sent after the first batch, before the next read
+    got = settled(server.api_url, "ned~first")
+    assert len(got["artifacts"]) == 1
