@@ -586,6 +586,7 @@ def test_summaries_go_out_while_events_keep_coming(server, tmp_path):
 
     src.events = streaming  # type: ignore[method-assign]
     asyncio.run(bridge.sync_once())
-    assert reads[0] == 4 and queued == [0, 0, 0, 0]  # sent after the first batch, before the next read
+    # Queued by the first batch, sent with the second (the bridge was not behind), before the third read.
+    assert reads[0] == 4 and queued == [0, 1, 0, 0]
     got = settled(server.api_url, "ned~first")
     assert len(got["artifacts"]) == 1

@@ -189,11 +189,6 @@ class PrefectBridge:
                     if not events:
                         break
                     done += await self._process_batch(writer, events)
-                    if len(events) < self.batch_size:
-                        # Not behind: summaries go now. Under a steady stream of events a read
-                        # rarely comes back empty, and waiting for one held them all back (at 20
-                        # jobs/s, 1,100 of 1,200 until the stream stopped, in the state file).
-                        await self._flush_artifacts(writer)
                     self.ledger.save()
                 await self._flush_leftovers(writer)
                 await self._flush_artifacts(writer)
@@ -276,7 +271,10 @@ class PrefectBridge:
                 if isinstance(job_id, str) and job_id and isinstance(raw.get("seq"), int):
                     self.ledger.job(job_id)["lastSeq"] = raw["seq"]
         try:
-            await self._flush(writer, out)
+            # Not behind (fewer events than a full batch): the summaries queued so far go out with
+            # this batch. Under a steady stream a read rarely comes back empty, and waiting for one
+            # held them back (at 20 jobs/s, 1,100 of 1,200 until the stream stopped).
+            await self._flush(writer, out, summaries=len(events) < self.batch_size)
         except Exception as exc:
             if is_transient(exc):
                 self.ledger.restore(before)
@@ -330,7 +328,7 @@ class PrefectBridge:
                 self.ledger.restore(before)
             raise
 
-    async def _flush(self, writer: FlowRunWriter, out: Out) -> None:
+    async def _flush(self, writer: FlowRunWriter, out: Out, summaries: bool = False) -> None:
         """Read the batch's finished output from Apiary and write what the batch recorded, flow
         run states first.
 
@@ -344,7 +342,8 @@ class PrefectBridge:
            Prefect's own task engine reports task runs; the server's task run recorder writes
            them); every log row in one ``POST /logs/`` per 500 rows.
         3. Summary artifacts of finished jobs are queued in the state file for
-           :meth:`_flush_artifacts`.
+           :meth:`_flush_artifacts`; with ``summaries`` those queued by earlier batches go out in
+           step 2.
 
         Every step runs to its end before a failure is raised (:func:`~apiary.tracking.transient.together`),
         so a batch that is redone never races a write of its first try.
@@ -391,10 +390,14 @@ class PrefectBridge:
             for batch in _batches(rows):
                 await busy_retry(functools.partial(client.create_logs, batch))
 
-        await together(links(), task_runs(), logs())
+        async def queued_summaries() -> None:
+            if summaries:
+                await self._flush_artifacts(writer)
 
-        # Summaries wait until a batch finds the bridge not behind (sync_once): while it catches
-        # up the runs' states go first. They are kept in the state file until sent.
+        await together(links(), task_runs(), logs(), queued_summaries())
+
+        # Summaries go out with the next batch that finds the bridge not behind (or after the
+        # pass): while it catches up the runs' states go first. Kept in the state file until sent.
         for job, a in out.artifacts:
             if job.get("flowRunId"):
                 self.ledger.queue_artifact({**a, "flow_run_id": job["flowRunId"]})
