@@ -163,7 +163,7 @@ def test_an_ended_task_leaves_nothing_running_as_its_uid_and_its_home_is_removed
     home, uid = b.log_path("daemon", "stdout").read_text().split()
     assert int(uid) != 0
     until(lambda: not uid_processes(int(uid)), "the daemon of the ended task to be killed")
-    assert not Path(home).exists()
+    until(lambda: not Path(home).exists(), "the ended task's home to be removed")  # released in the background
 
 
 def test_records_are_private_to_root_whatever_the_umask(
@@ -416,3 +416,47 @@ def test_a_run_recorded_before_the_started_slot_reads_lost_not_unlaunched(tmp_pa
     (run_dir / "launch.json").write_text(json.dumps({"run_id": run_dir.name, "commands": ["true"]}))
     st = backend.status(run_dir.name)
     assert st is not None and st.state == "exited" and st.lost
+
+
+def test_background_releases_share_a_scan_and_keep_their_uids_leased_until_done(tmp_path: Path) -> None:
+    """release(wait=False) returns at once; until the drainer has killed what runs as the uid and
+    deleted the lease, the uid is not leased again; then both daemons are gone and both leases too."""
+    import time
+
+    from apiary.runtime import isolation
+
+    pool = isolation.UidPool(tmp_path / "scratch", 1999999980, 1999999982)
+    runs = [tmp_path / "run-a", tmp_path / "run-b", tmp_path / "run-c"]
+    for run in runs:  # a lease whose run directory is gone is stale: reclaimed by the next acquire
+        run.mkdir()
+    runs = runs[:2]
+    idents = [pool.acquire(run) for run in runs]
+    daemons = [subprocess.Popen(["sleep", "300"], user=i.uid, group=i.uid, start_new_session=True)
+               for i in idents]
+    scans = []
+    real = isolation._proc_uids
+
+    def counted():
+        scans.append(1)
+        return real()
+
+    drainer = isolation._Drainer(delay_s=0.3)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(isolation, "_DRAINER", drainer)
+            mp.setattr(isolation, "_proc_uids", counted)
+            t0 = time.monotonic()
+            assert all(pool.release(i.uid, run, wait=False) for i, run in zip(idents, runs, strict=True))
+            assert time.monotonic() - t0 < 0.2 and all(d.poll() is None for d in daemons)
+            assert all(i.lease.exists() for i in idents)
+            third = pool.acquire(tmp_path / "run-c")  # not one of the two still draining
+            assert third.uid not in {i.uid for i in idents}
+            until(lambda: all(d.poll() is not None for d in daemons), "both daemons to be killed")
+            until(lambda: not any(i.lease.exists() for i in idents), "both leases to be deleted")
+            assert not drainer.waiting(idents[0].lease)
+            assert len(scans) == 2  # one round that killed both, one that found none left
+    finally:
+        for d in daemons:
+            if d.poll() is None:
+                d.kill()
+            d.wait()

@@ -68,6 +68,7 @@ from apiary.procutil import write_probe
 from apiary.runtime.base import RuntimeBackend, TaskLaunch, TaskStatus
 from apiary.runtime.beat import HeartbeatTimer
 from apiary.runtime.faults import SimulatedFaults
+from apiary.runtime.isolation import drain_released
 from apiary.runtime.link import (
     DEFAULT_NODE_LOST_AFTER_S,
     EXCHANGE_TIMEOUT_MAX_S,
@@ -1030,6 +1031,8 @@ async def run_agents(
                     if agent.mounts is not None:
                         await asyncio.to_thread(agent.mounts.reconcile, set())
         finally:
+            # Released task uids still queued: kill what runs as them and free their leases now.
+            await asyncio.to_thread(drain_released)
             for server in servers:
                 server.shutdown()
                 server.server_close()

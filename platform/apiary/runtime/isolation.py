@@ -26,7 +26,11 @@ by root, mode 0711: others may pass through it but not list it)::
 A lease is taken when a task is launched (``os.mkdir`` of ``<uid>/``, exclusive, so two agents
 can never take the same uid) and released once the run has exited: every process still running
 as ``U`` (a daemon the task left behind, outside its process group) is SIGKILLed, then the lease
-and the home are deleted. Put results a job must keep in its workdir or shared storage.
+and the home are deleted. Put results a job must keep in its workdir or shared storage. A run's
+normal end releases in the background (:class:`_Drainer`): the releases of ~0.2 s share one
+``/proc`` scan, which at 20 tasks a second was a scan of every process per task, each read
+handing the GIL to the agent's other threads; the lease, kept until then, keeps the uid from
+being leased again meanwhile.
 
 What this does not isolate: tasks share the kernel, the network and the host's filesystem
 (whatever is world-readable or world-writable is so for them), have no cgroup limits on CPU,
@@ -174,20 +178,90 @@ def kill_uid(uid: int, timeout_s: float = _KILL_WAIT_S) -> bool:
     there after ``timeout_s``. Zombies do not count: they run nothing, cannot be killed and go
     when their parent (often init, which may reap slowly in a container) reaps them. Never
     called with uid 0."""
-    if uid <= 0:
+    return not kill_uids({uid}, timeout_s)
+
+
+def kill_uids(targets: set[int], timeout_s: float = _KILL_WAIT_S) -> set[int]:
+    """:func:`kill_uid` for every uid of ``targets`` at once, one ``/proc`` scan a round;
+    returns the uids some process still ran as after ``timeout_s`` (empty: all gone). Raises
+    ValueError for uid 0 or below."""
+    if any(uid <= 0 for uid in targets):
         raise ValueError("refusing to kill the processes of uid 0")
     deadline = time.monotonic() + timeout_s
     while True:
-        left = 0
+        left: set[int] = set()
         for pid, uids, zombie in _proc_uids():
-            if uid in uids and not zombie:
-                left += 1
+            hit = targets.intersection(uids)
+            if hit and not zombie:
+                uid = min(hit)
+                left.add(uid)
                 _kill_if_uid(pid, uid)
-        if left == 0:
-            return True
+        if not left:
+            return left
         if time.monotonic() > deadline:
-            return False
+            return left
         time.sleep(0.02)
+
+
+class _Drainer:
+    """Releases leases in the background, ``delay_s`` of releases at a time: one :func:`kill_uids`
+    for all of them, then their lease directories (and homes) are deleted. A lease waiting here
+    still exists, so its uid is not leased again; :meth:`UidPool.acquire` neither reclaims it
+    meanwhile (that would scan ``/proc`` for it alone). One per process, started on first use."""
+
+    def __init__(self, delay_s: float = 0.2) -> None:
+        self.delay_s = delay_s
+        self._cond = threading.Condition()
+        self._pending: dict[Path, int] = {}  # lease -> uid
+        self._busy: dict[Path, int] = {}  # being drained now
+        self._thread: threading.Thread | None = None
+
+    def put(self, uid: int, lease: Path) -> None:
+        with self._cond:
+            self._pending[lease] = uid
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="apiary-uid-drain", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def waiting(self, lease: Path) -> bool:
+        """True while ``lease`` is queued or being drained."""
+        with self._cond:
+            return lease in self._pending or lease in self._busy
+
+    def flush(self) -> None:
+        """Drain everything queued now, in the calling thread."""
+        with self._cond:
+            batch, self._pending = self._pending, {}
+            self._busy.update(batch)
+        self._drain(batch)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending:
+                    self._cond.wait()
+            time.sleep(self.delay_s)  # let the releases of the next moments join this scan
+            self.flush()
+
+    def _drain(self, batch: dict[Path, int]) -> None:
+        try:
+            if batch:
+                kill_uids(set(batch.values()))
+                for lease in batch:
+                    shutil.rmtree(lease, ignore_errors=True)
+        finally:
+            with self._cond:
+                for lease in batch:
+                    self._busy.pop(lease, None)
+
+
+_DRAINER = _Drainer()
+
+
+def drain_released() -> None:
+    """Finish the background releases now (an agent's shutdown, a test)."""
+    _DRAINER.flush()
 
 
 def grant_search(paths: list[Path]) -> list[Path]:
@@ -295,7 +369,7 @@ class UidPool:
             for i in range(count):
                 uid = self.first + (start - self.first + i) % count
                 lease = self.root / str(uid)
-                if lease.exists() and not self._reclaim_stale(uid):
+                if _DRAINER.waiting(lease) or (lease.exists() and not self._reclaim_stale(uid)):
                     continue
                 if uid in in_use:
                     continue
@@ -330,13 +404,17 @@ class UidPool:
         finally:
             os.close(fd)
 
-    def release(self, uid: int, owner: Path) -> bool:
+    def release(self, uid: int, owner: Path, wait: bool = True) -> bool:
         """End ``owner``'s lease of ``uid``: SIGKILL what still runs as ``uid``, delete the lease
-        and the home. False (nothing done) if the lease is not ``owner``'s (released already, or
-        leased again to another run)."""
+        and the home; with ``wait=False`` in the background, within ~0.2 s (:class:`_Drainer`).
+        False (nothing done) if the lease is not ``owner``'s (released already, or leased again
+        to another run)."""
         lease = self.root / str(uid)
         if not (self.first <= uid <= self.last) or self._owner(lease) != str(owner):
             return False
+        if not wait:
+            _DRAINER.put(uid, lease)
+            return True
         kill_uid(uid)
         shutil.rmtree(lease, ignore_errors=True)
         return True
@@ -388,7 +466,7 @@ class UidPool:
             return
         random.shuffle(leases)  # live leases first in the listing must not hide stale ones forever
         for uid in leases[:most]:
-            if self.first <= uid <= self.last:
+            if self.first <= uid <= self.last and not _DRAINER.waiting(self.root / str(uid)):
                 self._reclaim_stale(uid)
 
     def _next_hint(self) -> int:

@@ -609,13 +609,14 @@ class ProcessBackend(RuntimeBackend):
         return exited(None, None, lost=True)
 
     def _release(self, run_dir: Path) -> None:
-        """Release the exited run's task uid (kill what still runs as it, delete its home), once."""
+        """Release the exited run's task uid (kill what still runs as it, delete its home, in the
+        background: :meth:`UidPool.release <apiary.runtime.isolation.UidPool.release>`), once."""
         if run_dir.name in self._released:
             return
         launched = _read_json(run_dir / "launch.json") or {}
         uid = launched.get("task_uid")
         if isinstance(uid, int) and uid > 0 and os.geteuid() == 0:
-            self.uids.release(uid, run_dir)
+            self.uids.release(uid, run_dir, wait=False)
         self._released.add(run_dir.name)
 
     def status(self, run_id: str) -> TaskStatus | None:
