@@ -590,3 +590,23 @@ def test_summaries_go_out_while_events_keep_coming(server, tmp_path):
     assert reads[0] == 4 and queued == [0, 1, 0, 0]
     got = settled(server.api_url, "ned~first")
     assert len(got["artifacts"]) == 1
+
+
+def test_a_bridge_behind_reads_bigger_batches_so_a_job_it_first_sees_there_is_created_final(server, tmp_path):
+    src = MemoryEventSource()
+    feed_job(src, "oz~first")  # its first five events fill the first batch: the bridge is behind
+    feed_job(src, "oz~second")  # all of it in the next, bigger batch
+    limits: list[int] = []
+    real = src.events
+
+    async def recorded(after: int, limit: int = 500) -> list[dict]:
+        limits.append(limit)
+        return await real(after, limit)
+
+    src.events = recorded  # type: ignore[method-assign]
+    bridge = PrefectBridge(src, server.api_url, tmp_path / "bridge.json", batch_size=5, catch_up_batch_size=50)
+    asyncio.run(bridge.sync_once())
+    assert limits[:3] == [5, 50, 5]  # back to small batches once a read no longer fills its batch
+    runs = {job: settled(server.api_url, job)["flow_runs"][0] for job in ("oz~first", "oz~second")}
+    assert [n for n, _ in asyncio.run(_history(server.api_url, runs["oz~second"].id))] == ["Completed"]
+    assert len(asyncio.run(_history(server.api_url, runs["oz~first"].id))) > 1  # created before it ended
