@@ -21,7 +21,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Collection, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Literal
 
@@ -79,6 +79,26 @@ def write_private(path: Path, data: str | bytes) -> None:
     """Write ``data`` (text as UTF-8) to ``path``, replacing it, readable by its owner only (0600)."""
     with open_private(path, "wb") as f:
         f.write(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+def replace_file(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically and durably: a temp file beside it (mkstemp:
+    0600), fsync-ed, then renamed over it; readers see the old file or the new one, never a mix,
+    and a crash after the rename keeps the new one. The temp file is removed on any failure.
+    Raises OSError."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def die_with_parent() -> None:

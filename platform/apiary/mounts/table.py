@@ -256,18 +256,7 @@ class MountTable:
 
     def _write(self, key: str, record: dict[str, Any]) -> None:
         """Replace the record atomically (temp file, fsync, rename), 0600."""
-        path = self._records / f"{key}.json"
-        fd, tmp = tempfile.mkstemp(dir=self._records, prefix=f".{key}.")  # mkstemp: 0600
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(record, f, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        procutil.replace_file(self._records / f"{key}.json", json.dumps(record, sort_keys=True))
 
     @contextlib.contextmanager
     def _locked(self, key: str) -> Iterator[None]:

@@ -18,14 +18,13 @@ yet replaced, when the bridge stopped: the job's events are done again from the 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from apiary.errors import ApiaryError
+from apiary.procutil import replace_file
 
 __all__ = ["STATE_VERSION", "Ledger", "suffix"]
 
@@ -123,7 +122,7 @@ class Ledger:
 
     def _rewrite_tombs(self) -> None:
         text = "".join(json.dumps([j, t], separators=(",", ":")) + "\n" for j, t in self.tombs.items())
-        _replace(self.tombs_path, text)
+        replace_file(self.tombs_path, text)
         self._unsaved_tombs = []
 
     def save(self) -> None:
@@ -142,7 +141,7 @@ class Ledger:
                 os.fsync(f.fileno())
             self._unsaved_tombs = []
         # json.dumps, not json.dump: dump streams through the pure-Python encoder, ~10x slower.
-        _replace(self.path, json.dumps(self.data, separators=(",", ":")))
+        replace_file(self.path, json.dumps(self.data, separators=(",", ":")))
 
     def job(self, job_id: str) -> dict[str, Any]:
         """The record of ``job_id`` (its tombstone once pruned), made empty if the ledger has none."""
@@ -204,21 +203,6 @@ class Ledger:
     def drop_artifacts(self, n: int) -> None:
         """Forget the first ``n`` queued artifacts (sent, or refused for good)."""
         del self.data.setdefault("artifacts", [])[:n]
-
-
-def _replace(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: a temp file beside it, fsynced, then renamed."""
-    fd, tmp = tempfile.mkstemp(prefix=".bridge-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def _v1_open(key: str, task_run: str) -> dict[str, Any]:
