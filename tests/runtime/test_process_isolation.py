@@ -420,7 +420,8 @@ def test_a_run_recorded_before_the_started_slot_reads_lost_not_unlaunched(tmp_pa
 
 def test_background_releases_share_a_scan_and_keep_their_uids_leased_until_done(tmp_path: Path) -> None:
     """release(wait=False) returns at once; until the drainer has killed what runs as the uid and
-    deleted the lease, the uid is not leased again; then both daemons are gone and both leases too."""
+    deleted the lease, the uid is not leased again; then both daemons are gone and both leases too,
+    killed by one kill_uids for both uids (one /proc scan a round, not one per release)."""
     import time
 
     from apiary.runtime import isolation
@@ -433,18 +434,18 @@ def test_background_releases_share_a_scan_and_keep_their_uids_leased_until_done(
     idents = [pool.acquire(run) for run in runs]
     daemons = [subprocess.Popen(["sleep", "300"], user=i.uid, group=i.uid, start_new_session=True)
                for i in idents]
-    scans = []
-    real = isolation._proc_uids
+    batches: list[set[int]] = []
+    real = isolation.kill_uids
 
-    def counted():
-        scans.append(1)
-        return real()
+    def recorded(targets: set[int], timeout_s: float = 2.0) -> set[int]:
+        batches.append(set(targets))
+        return real(targets, timeout_s)
 
     drainer = isolation._Drainer(delay_s=0.3)
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(isolation, "_DRAINER", drainer)
-            mp.setattr(isolation, "_proc_uids", counted)
+            mp.setattr(isolation, "kill_uids", recorded)
             t0 = time.monotonic()
             assert all(pool.release(i.uid, run, wait=False) for i, run in zip(idents, runs, strict=True))
             assert time.monotonic() - t0 < 0.2 and all(d.poll() is None for d in daemons)
@@ -454,7 +455,7 @@ def test_background_releases_share_a_scan_and_keep_their_uids_leased_until_done(
             until(lambda: all(d.poll() is not None for d in daemons), "both daemons to be killed")
             until(lambda: not any(i.lease.exists() for i in idents), "both leases to be deleted")
             assert not drainer.waiting(idents[0].lease)
-            assert len(scans) == 2  # one round that killed both, one that found none left
+            assert batches == [{i.uid for i in idents}]  # both releases in one kill_uids: its scans serve both
     finally:
         for d in daemons:
             if d.poll() is None:
