@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import pytest
+
 from apiary.procutil import remembered_port
 from apiary.tracking.prefect_server import free_port
 
@@ -38,11 +40,7 @@ def test_replace_file_swaps_in_a_private_file_and_leaves_no_temp_behind_when_it_
         raise OSError("rename refused")
 
     monkeypatch.setattr(os, "replace", refused)
-    try:
+    with pytest.raises(OSError, match="rename refused"):
         procutil.replace_file(target, "newer")
-    except OSError:
-        pass
-    else:
-        raise AssertionError("replace_file swallowed the error")
     assert target.read_text() == "new"  # the old content stays whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]

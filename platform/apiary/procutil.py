@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager, suppress
@@ -86,8 +87,6 @@ def replace_file(path: Path, text: str) -> None:
     0600), fsync-ed, then renamed over it; readers see the old file or the new one, never a mix,
     and a crash after the rename keeps the new one. The temp file is removed on any failure.
     Raises OSError."""
-    import tempfile
-
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

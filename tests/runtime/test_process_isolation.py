@@ -464,3 +464,28 @@ def test_background_releases_share_a_scan_and_keep_their_uids_leased_until_done(
             if d.poll() is None:
                 d.kill()
             d.wait()
+
+
+def test_a_queued_release_leaves_alone_a_lease_another_agent_took_over_meanwhile(tmp_path: Path) -> None:
+    """Another agent process may reclaim a queued lease (its run had recorded its exit) and lease
+    the uid to a run of its own before the drainer gets to it: that run's processes and lease stay."""
+    from apiary.runtime import isolation
+
+    pool = isolation.UidPool(tmp_path / "scratch", 1999999983, 1999999983)
+    mine, theirs = tmp_path / "run-mine", tmp_path / "run-theirs"
+    mine.mkdir()
+    theirs.mkdir()
+    ident = pool.acquire(mine)
+    drainer = isolation._Drainer(delay_s=60)  # drained below, by hand
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(isolation, "_DRAINER", drainer)
+        assert pool.release(ident.uid, mine, wait=False)
+        (ident.lease / "owner").write_text(f"{theirs}\n")  # what the other agent's re-lease leaves
+        daemon = subprocess.Popen(["sleep", "300"], user=ident.uid, group=ident.uid, start_new_session=True)
+        try:
+            drainer.flush()
+            assert daemon.poll() is None and ident.lease.exists()
+            assert not drainer.waiting(ident.lease)
+        finally:
+            daemon.kill()
+            daemon.wait()

@@ -212,13 +212,13 @@ class _Drainer:
     def __init__(self, delay_s: float = 0.2) -> None:
         self.delay_s = delay_s
         self._cond = threading.Condition()
-        self._pending: dict[Path, int] = {}  # lease -> uid
-        self._busy: dict[Path, int] = {}  # being drained now
+        self._pending: dict[Path, tuple[int, str]] = {}  # lease -> (uid, owner it was released by)
+        self._busy: dict[Path, tuple[int, str]] = {}  # being drained now
         self._thread: threading.Thread | None = None
 
-    def put(self, uid: int, lease: Path) -> None:
+    def put(self, uid: int, lease: Path, owner: str) -> None:
         with self._cond:
-            self._pending[lease] = uid
+            self._pending[lease] = (uid, owner)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="apiary-uid-drain", daemon=True)
                 self._thread.start()
@@ -244,11 +244,14 @@ class _Drainer:
             time.sleep(self.delay_s)  # let the releases of the next moments join this scan
             self.flush()
 
-    def _drain(self, batch: dict[Path, int]) -> None:
+    def _drain(self, batch: dict[Path, tuple[int, str]]) -> None:
         try:
-            if batch:
-                kill_uids(set(batch.values()))
-                for lease in batch:
+            # An agent in another process may have reclaimed a queued lease (its run had recorded
+            # its exit) and leased the uid again: that one is not ours to kill or delete any more.
+            ours = {lease: uid for lease, (uid, owner) in batch.items() if UidPool._owner(lease) == owner}
+            if ours:
+                kill_uids(set(ours.values()))
+                for lease in ours:
                     shutil.rmtree(lease, ignore_errors=True)
         finally:
             with self._cond:
@@ -413,7 +416,7 @@ class UidPool:
         if not (self.first <= uid <= self.last) or self._owner(lease) != str(owner):
             return False
         if not wait:
-            _DRAINER.put(uid, lease)
+            _DRAINER.put(uid, lease, str(owner))
             return True
         kill_uid(uid)
         shutil.rmtree(lease, ignore_errors=True)

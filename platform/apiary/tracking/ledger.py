@@ -67,10 +67,6 @@ class Ledger:
         jobs: dict[str, dict[str, Any]] = self.data["jobs"]
         return jobs
 
-    def record(self, job_id: str) -> dict[str, Any] | None:
-        """The live record or the tombstone of ``job_id``; None when the ledger has neither."""
-        return self.jobs.get(job_id) or self.tombs.get(job_id)
-
     def by_flow_run(self) -> dict[str, list[tuple[str, dict[str, Any]]]]:
         """Flow run id -> the jobs (id, record or tombstone) linked to it, tombstones first."""
         out: dict[str, list[tuple[str, dict[str, Any]]]] = {}
