@@ -114,6 +114,27 @@ def _start_run(api_url: str, auth_string: str | None, deployment_id: str, parame
     return asyncio.run(q())
 
 
+def _answered_503_since(log_path: Path):
+    """A check of whether the Prefect server answered a request 503 since the last check (it
+    logs "Encountered retryable exception in request" for each, as Apiary starts it; on SQLite a
+    write that meets another's snapshot gets one, and Prefect says to retry it)."""
+    seen = log_path.stat().st_size
+
+    def check() -> bool:
+        nonlocal seen
+        with log_path.open("rb") as f:
+            f.seek(seen)
+            new = f.read()
+        seen += len(new)
+        return b"Encountered retryable exception in request" in new
+
+    return check
+
+
+def _tail(log_path: Path, n: int = 4000) -> str:
+    return log_path.read_bytes()[-n:].decode(errors="replace")
+
+
 def test_fill_the_mnist_templates_form_run_it_and_the_job_succeeds(platform, driver) -> None:
     p, c = platform
     ui, api, auth = p.ui_url, p.prefect_server.api_url, p.prefect_auth_string
@@ -132,9 +153,10 @@ def test_fill_the_mnist_templates_form_run_it_and_the_job_succeeds(platform, dri
         set_number(driver, params, "Epochs", 1)
         set_text(driver, params, "Register the model as", "")  # no MLflow here: nothing to register
         try:
-            submit_custom_run(driver, timeout_s=LOADED_S)
+            submit_custom_run(driver, timeout_s=LOADED_S, resubmit_if=_answered_503_since(p.prefect_server.log_path))
         except AssertionError as exc:
-            raise AssertionError(f"{exc}; fields={field_errors(driver)} toasts={toast_messages(driver)}") from exc
+            raise AssertionError(f"{exc}; fields={field_errors(driver)} toasts={toast_messages(driver)}; "
+                                 f"server.log: {_tail(p.prefect_server.log_path)}") from exc
 
     with screenshot_on_failure(driver, ARTIFACTS, "2-job"):
         job = until(lambda: next(iter(c.list(user="heidi")), None), LOADED_S, "the form's job")

@@ -30,6 +30,7 @@ import contextlib
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import NoReturn, TypeVar
@@ -39,7 +40,11 @@ from tests.support.shared import in_ci
 
 try:
     from selenium import webdriver
-    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+    from selenium.common.exceptions import (
+        ElementClickInterceptedException,
+        StaleElementReferenceException,
+        TimeoutException,
+    )
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -166,9 +171,30 @@ def wait_for(driver: WebDriver, condition: Callable[[WebDriver], T | None], time
 
 def click(driver: WebDriver, element: WebElement) -> None:
     """Scroll ``element`` to the middle of the viewport and click it (the form is taller than the
-    window; a click at the edge can land on the sticky footer or a toast)."""
+    window; a click at the edge can land on the sticky footer or a toast). When a toast lies over
+    it (the UI's "Oops. Something went wrong." stays until closed), close the toasts, as a user
+    would, and click once more."""
     driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", element)
-    element.click()
+    try:
+        element.click()
+    except ElementClickInterceptedException:
+        if not dismiss_toasts(driver):
+            raise
+        element.click()
+
+
+def dismiss_toasts(driver: WebDriver) -> int:
+    """Close every toast on screen with its close button; how many were closed."""
+    closed = 0
+    for button in driver.find_elements(By.CSS_SELECTOR, ".p-toast__close-btn"):
+        with contextlib.suppress(StaleElementReferenceException, ElementClickInterceptedException):
+            if button.is_displayed():
+                button.click()
+                closed += 1
+    if closed:
+        wait_for(driver, lambda d: not any(b.is_displayed() for b in d.find_elements(
+            By.CSS_SELECTOR, ".p-toast__close-btn")), 10, "the toasts to close")
+    return closed
 
 
 def type_into(driver: WebDriver, element: WebElement, text: str) -> None:
@@ -367,27 +393,41 @@ def toast_messages(driver: WebDriver) -> list[str]:
     return [e.text.strip() for e in driver.find_elements(By.CSS_SELECTOR, ".p-toast__message") if e.text.strip()]
 
 
-def submit_custom_run(driver: WebDriver, timeout_s: float = TIMEOUT_S) -> str:
+#: What the run form's toast says when the server refused the run: "Error creating flow run: …"
+#: with the server's detail (a 4xx), or, when the answer carries none (a 5xx such as SQLite's
+#: 503 "busy"), the UI's "Something went wrong trying to create a flow run" (FlowRunCreate.vue).
+CREATE_FAILED = ("Error creating flow run", "Something went wrong trying to create a flow run")
+
+
+def submit_custom_run(driver: WebDriver, timeout_s: float = TIMEOUT_S,
+                      resubmit_if: Callable[[], bool] | None = None, resubmits: int = 2) -> str:
     """Press Submit and wait for the outcome; return the URL it lands on: the deployment page
     (``<ui>/deployments/deployment/<id>``; the UI appends ``?tab=Runs`` a moment later).
 
     AssertionError with the UI's words when the form stays put: inline messages (required
-    properties, types; checked in the browser) or an "Error creating flow run: …" toast (the
-    server's check of the deployment's parameter schema: patterns, enums, minimum…).
+    properties, types; checked in the browser) or a :data:`CREATE_FAILED` toast (the server's
+    check of the deployment's parameter schema: patterns, enums, minimum…; or a server error).
+    When the server failed and ``resubmit_if()`` says the failure is one to retry (e.g. the
+    server logged a 503), Submit is pressed again, as a user would, up to ``resubmits`` times;
+    the form keeps its values, and a refused create leaves no run behind.
     """
-    driver.execute_script("document.activeElement && document.activeElement.blur()")
-    click(driver, driver.find_element(By.CSS_SELECTOR, "form.flow-run-create-form-v2 button[type=submit]"))
-
     def outcome(d: WebDriver) -> str | None:
         if not d.current_url.split("?")[0].rstrip("/").endswith("/run"):
             return "ok"
-        if field_errors(d) or any("Error creating flow run" in t for t in toast_messages(d)):
+        if field_errors(d) or any(m in t for t in toast_messages(d) for m in CREATE_FAILED):
             return "error"
         return None
 
-    if wait_for(driver, outcome, timeout_s, "the custom run to be created or refused") != "ok":
-        raise AssertionError(f"custom run refused: fields={field_errors(driver)} toasts={toast_messages(driver)}")
-    return driver.current_url
+    for attempt in range(resubmits + 1):
+        driver.execute_script("document.activeElement && document.activeElement.blur()")
+        click(driver, driver.find_element(By.CSS_SELECTOR, "form.flow-run-create-form-v2 button[type=submit]"))
+        if wait_for(driver, outcome, timeout_s, "the custom run to be created or refused") == "ok":
+            return driver.current_url
+        if field_errors(driver) or attempt == resubmits or resubmit_if is None or not resubmit_if():
+            break
+        dismiss_toasts(driver)  # so the next outcome is the new press's
+        time.sleep(2.0 * (attempt + 1))  # as a user reads the toast: the write in the way ends
+    raise AssertionError(f"custom run refused: fields={field_errors(driver)} toasts={toast_messages(driver)}")
 
 
 def flow_run_id_by_name(driver: WebDriver, run_name: str, timeout_s: float = TIMEOUT_S) -> str:

@@ -119,7 +119,8 @@ def settled(api_url: str, job_id: str, task_runs: int = len(EXPECTED_TASK_RUNS))
     try:
         return until(ready, 60, f"{task_runs} final task runs of {job_id}", poll_s=0.2)
     except AssertionError:
-        seen = [(t.name, t.state_type) for t in last.get("task_runs", [])]
+        seen = [(t.name, t.state_type, t.state.type if t.state else None, t.state_id)
+                for t in last.get("task_runs", [])]
         raise AssertionError(f"task runs of {job_id} never all final: {seen}") from None
 
 

@@ -56,6 +56,9 @@ SERVER_TUNING = {
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE": "200",
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "1",
+    # A request answered 503 (e.g. SQLite busy) leaves its traceback in server.log; Prefect
+    # logs only the 500s by default, and the UI then shows just "Oops. Something went wrong."
+    "PREFECT_SERVER_LOG_RETRYABLE_ERRORS": "true",
 }
 
 
