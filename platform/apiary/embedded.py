@@ -511,13 +511,15 @@ class Embedded:
         # The bridge and the flows call Apiary with the bridge's service token (the control plane
         # wrote it before its port opened), never with the admin's.
         penv["APIARY_TOKEN"] = read_token(self.home / "credentials" / "bridge.token") or ""
-        # A SQLite-backed server answers 503 to more than ~2 concurrent writers; PostgreSQL takes
-        # 8, and the bridge then keeps up with bursts it would trail at 2 (bench/README.md).
+        # A SQLite-backed server answers 503 to more than ~2 concurrent writers. PostgreSQL takes
+        # 8, and the bridge then catches up with bursts it would trail at 2; keeping up with a
+        # steady stream, 4 at once trails less than 8 (bench/README.md).
         on_pg = bool(self.prefect_server and (self.prefect_server.database_url or "").startswith("postgresql"))
+        concurrency = ["--concurrency", "4", "--catch-up-concurrency", "8"] if on_pg else ["--concurrency", "2"]
         self.children["prefect-bridge"] = Child(
             "prefect-bridge",
             self._cli("prefect-bridge", "--api", self.api_url, "--prefect-api", api,
-                      "--state", str(self.home / "prefect-bridge.json"), "--concurrency", "8" if on_pg else "2"),
+                      "--state", str(self.home / "prefect-bridge.json"), *concurrency),
             penv, logs / "prefect-bridge.log",
         )
         self.children["prefect-serve"] = Child(

@@ -611,3 +611,32 @@ def test_a_bridge_behind_reads_bigger_batches_so_a_job_it_first_sees_there_is_cr
     runs = {job: settled(server.api_url, job)["flow_runs"][0] for job in ("oz~first", "oz~second")}
     assert [n for n, _ in asyncio.run(_history(server.api_url, runs["oz~second"].id))] == ["Completed"]
     assert len(asyncio.run(_history(server.api_url, runs["oz~first"].id))) > 1  # created before it ended
+
+
+def test_a_bridge_behind_writes_more_flow_runs_at_once_than_one_keeping_up(server, tmp_path, monkeypatch):
+    from apiary.tracking.flowruns import FlowRunWriter
+
+    src = MemoryEventSource()
+    for i in range(15):
+        src.emit(f"sal~j{i}", "job.submitted", {"user": "sal", "name": f"j{i}"})
+    in_flight, peaks = [0], [[0]]
+    real_events = src.events
+
+    async def events(after: int, limit: int = 500) -> list[dict]:
+        peaks.append([0])
+        return await real_events(after, limit)
+
+    async def flush_run(self, job_id: str, job: dict) -> None:  # counts the writes in flight
+        in_flight[0] += 1
+        peaks[-1][0] = max(peaks[-1][0], in_flight[0])
+        await asyncio.sleep(0.05)
+        in_flight[0] -= 1
+
+    src.events = events  # type: ignore[method-assign]
+    monkeypatch.setattr(FlowRunWriter, "flush_run", flush_run)
+    bridge = PrefectBridge(src, server.api_url, tmp_path / "bridge.json", concurrency=2, catch_up_concurrency=5,
+                           batch_size=6, catch_up_batch_size=6)
+    asyncio.run(bridge.sync_once())
+    # Reads of 6 (full: behind), 6 (full), then 3 (keeping up); what follows the empty fourth
+    # read (the runs this fake left wanted) is written as one keeping up.
+    assert [p[0] for p in peaks[1:4]] == [5, 5, 2] and max(p[0] for p in peaks[4:]) <= 2

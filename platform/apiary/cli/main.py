@@ -318,13 +318,15 @@ def prefect_bridge(
     prefect_api: str = typer.Option(...),
     state: Path = typer.Option(...),
     concurrency: int = typer.Option(2, min=1, max=64, help="Jobs written to Prefect at once."),
+    catch_up_concurrency: int | None = typer.Option(
+        None, min=1, max=64, help="Jobs written at once while behind (default: --concurrency)."),
 ) -> None:
     """Mirror Apiary's jobs into Prefect flow runs (started by apiary up)."""
     from apiary.tracking.bridge import run_bridge
 
     use_private_umask()
     _logging()
-    asyncio.run(run_bridge(api, prefect_api, state, concurrency=concurrency))
+    asyncio.run(run_bridge(api, prefect_api, state, concurrency=concurrency, catch_up_concurrency=catch_up_concurrency))
 
 
 # ---------------------------------------------------------------------- jobs

@@ -91,7 +91,10 @@ class PrefectBridge:
     ``source`` is the Apiary side (:class:`~apiary.tracking.source.JobEventSource`);
     ``state_path`` the JSON file that makes the bridge restartable
     (:class:`~apiary.tracking.ledger.Ledger`). ``concurrency`` bounds how many jobs are written
-    at once (one HTTP connection each). ``log_interval_s`` is how often the output of running
+    at once (one HTTP connection each); ``catch_up_concurrency`` (default: the same) while the
+    bridge is behind. On a PostgreSQL-backed server at 20 jobs/s, 4 at once kept the UI within
+    0.7-1.6 s (p99) where 8 trailed by 1.9-4.9 s, yet 8 caught up faster from behind at 50 jobs/s
+    (bench/README.md, "Fewer flow runs at once"). ``log_interval_s`` is how often the output of running
     instances is shipped (it is always shipped when they exit). ``client_retries`` is
     ``PREFECT_CLIENT_MAX_RETRIES`` for the bridge's requests: the client's own back-off is 2**n s,
     so it is kept low and the bridge backs off itself. ``settle_after_s``: how long an attached
@@ -113,6 +116,7 @@ class PrefectBridge:
         state_path: Path,
         *,
         concurrency: int = 2,
+        catch_up_concurrency: int | None = None,
         batch_size: int = 500,
         catch_up_batch_size: int = 4000,
         log_interval_s: float = 10.0,
@@ -124,6 +128,7 @@ class PrefectBridge:
         self.prefect_api_url = prefect_api_url.rstrip("/")
         self.state_path = Path(state_path)
         self.concurrency = concurrency
+        self.catch_up_concurrency = catch_up_concurrency or concurrency
         self.batch_size = batch_size
         self.catch_up_batch_size = max(batch_size, catch_up_batch_size)
         self._behind = False  # the last read filled its batch
@@ -343,7 +348,8 @@ class PrefectBridge:
         run states first.
 
         1. Each touched job's flow run: created (in the state the job has now, one request) or
-           set to the wanted state; ``concurrency`` jobs at a time. This is what the UI lists.
+           set to the wanted state; ``concurrency`` jobs at a time (``catch_up_concurrency``
+           while behind). This is what the UI lists.
            Meanwhile the output of the instances ``out.ships`` names is read from Apiary
            (:meth:`_ship_output`): the two wait on different servers, so neither waits for the
            other.
@@ -358,7 +364,7 @@ class PrefectBridge:
         Every step runs to its end before a failure is raised (:func:`~apiary.tracking.transient.together`),
         so a batch that is redone never races a write of its first try.
         """
-        sem = asyncio.Semaphore(self.concurrency)
+        sem = asyncio.Semaphore(self.catch_up_concurrency if self._behind else self.concurrency)
         client = writer.client
 
         async def one(job_id: str, job: dict) -> None:
@@ -479,12 +485,15 @@ def _batches(rows: Iterable[dict]) -> Iterable[list[dict]]:
         yield batch
 
 
-async def run_bridge(api_url: str, prefect_api_url: str, state_path: Path, concurrency: int = 2) -> None:
+async def run_bridge(api_url: str, prefect_api_url: str, state_path: Path, concurrency: int = 2,
+                     catch_up_concurrency: int | None = None) -> None:
     """The ``prefect-bridge`` process of ``apiary up``: mirror ``api_url``'s jobs into
     ``prefect_api_url`` until cancelled (SIGTERM/SIGINT end it through asyncio.run).
     ``concurrency``: jobs written at once (2 for a SQLite-backed server, which answers 503 to
-    more; ``apiary up`` gives a PostgreSQL-backed one 8)."""
+    more; ``apiary up`` gives a PostgreSQL-backed one 4, and 8 while behind:
+    ``catch_up_concurrency``)."""
     from apiary.tracking.source import HttpEventSource
 
-    bridge = PrefectBridge(HttpEventSource(api_url), prefect_api_url, Path(state_path), concurrency=concurrency)
+    bridge = PrefectBridge(HttpEventSource(api_url), prefect_api_url, Path(state_path), concurrency=concurrency,
+                           catch_up_concurrency=catch_up_concurrency)
     await bridge.run_forever()
