@@ -93,9 +93,9 @@ class PrefectBridge:
     (:class:`~apiary.tracking.ledger.Ledger`). ``concurrency`` bounds how many jobs are written
     at once (one HTTP connection each); ``catch_up_concurrency`` (default: the same) while the
     bridge is behind. On a PostgreSQL-backed server at 20 jobs/s, 4 at once kept the UI within
-    0.7-1.6 s (p99) where 8 trailed by 1.9-4.9 s, yet 8 caught up faster from behind at 50 jobs/s
-    (bench/README.md, "Fewer flow runs at once"). ``log_interval_s`` is how often the output of running
-    instances is shipped (it is always shipped when they exit). ``client_retries`` is
+    0.6-1.6 s (p99) where 8 trailed by 1.9-4.9 s; at 50 jobs/s, behind, 8 trailed less (p99 61 s
+    against 80, one run each; bench/README.md, "Fewer flow runs at once"). ``log_interval_s`` is
+    how often the output of running instances is shipped (it is always shipped when they exit). ``client_retries`` is
     ``PREFECT_CLIENT_MAX_RETRIES`` for the bridge's requests: the client's own back-off is 2**n s,
     so it is kept low and the bridge backs off itself. ``settle_after_s``: how long an attached
     run (a flow engine's) may stay unfinished after its job ended before the bridge ends it.
