@@ -13,12 +13,15 @@ from typing import get_args
 import pytest
 import yaml
 from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+from sqlalchemy import event as sa_event
 from tests.support.auth import with_auth
 from tests.support.builders import job_text
 
 from apiary.api import create_app
 from apiary.api.schemas import FaultRequest
 from apiary.control import ControlPlane
+from apiary.errors import NotFoundError, ValidationError
 from apiary.monitoring.gpu_health import PCIE_GENS, PCIE_WIDTHS, THROTTLE_FAULTS
 from apiary.spec.cluster import load_cluster_config
 from apiary.store import make_engine, migrate, session_factory
@@ -453,6 +456,40 @@ def test_log_query_reads_several_instances_as_the_per_job_route_does(client: Tes
     assert single == r.json()["texts"][0]
     r = client.post("/api/v2/logs/query", json={"reads": [{**reads[0], "stream": "both"}]})
     assert r.status_code in (400, 422) and "stream" in r.text
+
+
+def test_log_query_answers_a_batch_from_two_store_queries_whatever_its_size(client: TestClient, plane) -> None:
+    for node in NODES:
+        report(client, node)
+    jobs = [submit(client, job_text(5, name=f"job-logs-{i}")).json()["id"] for i in range(2)]
+    assert sorted(client.post("/api/v2/scheduler/cycle").json()["placed"]) == sorted(jobs)
+    for i, job in enumerate(jobs):
+        node, a = assignment(client, job)
+        plane.append_log(a["runId"], "stdout", 0, f"out {i}\n".encode(), node=node)
+        plane.append_log(a["runId"], "stderr", 0, f"err {i}\n".encode(), node=node)
+    reads = [(job, role, 0, attempt, stream, 0) for job in [*jobs, "alice~nope"]
+             for role in ("train", None, "nosuchrole") for attempt in (0, None, 1)
+             for stream in ("stdout", "stderr", "all", "both")]
+    one_by_one = []
+    for job, role, index, attempt, stream, offset in reads:
+        try:
+            one_by_one.append(plane.read_logs(job, task_role=role, index=index, attempt=attempt, stream=stream,
+                                              offset=offset))
+        except (NotFoundError, ValidationError):
+            one_by_one.append(None)
+    selects: list[str] = []
+
+    def count(_conn, _cursor, statement, *_args) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            selects.append(statement)
+
+    sa_event.listen(Engine, "before_cursor_execute", count)
+    try:
+        batch = plane.read_logs_many(reads)
+    finally:
+        sa_event.remove(Engine, "before_cursor_execute", count)
+    assert batch == one_by_one and "out 1\nerr 1\n" in batch and None in batch
+    assert len(selects) == 2, selects  # the jobs, then their tasks: not a session per read
 
 
 def test_flow_run_links_of_a_batch_are_recorded_at_once_and_unknown_jobs_named(client: TestClient) -> None:

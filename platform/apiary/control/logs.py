@@ -89,16 +89,36 @@ class LogService:
             size = offset + len(data) if offset <= size else size + len(data)
         return size
 
-    def read_logs_many(self, reads: Iterable[tuple[str, str, int, int, str, int]]) -> list[str | None]:
+    def read_logs_many(self, reads: Iterable[tuple[str, str | None, int, int | None, str, int]]) -> list[str | None]:
         """:meth:`read_logs` for each ``(job id, task role, index, attempt, stream, offset)``, in
-        order; None for a read whose job or task role does not exist (the others still answer)."""
+        order; None for a read whose job or task role does not exist or whose stream is not
+        stdout, stderr or all (the others still answer). One store session and two queries for
+        the whole batch (the jobs, then their tasks' run ids), not a session per read."""
+        reads = list(reads)
+        if not reads:
+            return []
+        with reading(self.cache.sessions, "read logs") as s:
+            jobs = {j.id: j for j in s.scalars(select(Job).where(Job.id.in_({r[0] for r in reads})))}
+            specs = {job_id: self.cache.spec_of(job) for job_id, job in jobs.items()}
+            runs: dict[tuple[str, str, int], list[tuple[int, str]]] = {}
+            if jobs:
+                q = (select(Task.job_id, Task.task_role, Task.index, Task.attempt, Task.run_id)
+                     .where(Task.job_id.in_(jobs)).order_by(Task.attempt, Task.task_attempt))
+                for job_id, role, index, attempt, run_id in s.execute(q):
+                    if run_id:
+                        runs.setdefault((job_id, role, index), []).append((attempt, run_id))
         out: list[str | None] = []
         for job_id, role, index, attempt, stream, offset in reads:
-            try:
-                out.append(self.read_logs(job_id, task_role=role, index=index, attempt=attempt, stream=stream,
-                                          offset=offset))
-            except (NotFoundError, ValidationError):
+            spec = specs.get(job_id)
+            if spec is None or stream not in ("stdout", "stderr", "all"):
                 out.append(None)
+                continue
+            role = role or next(iter(spec.task_roles))
+            if role not in spec.task_roles:
+                out.append(None)
+                continue
+            mine = [run for at, run in runs.get((job_id, role, index), ()) if attempt is None or at == attempt]
+            out.append(self._read_runs(mine, stream, offset))
         return out
 
     def read_logs(
@@ -120,6 +140,11 @@ class LogService:
             if attempt is not None:
                 q = q.where(Task.attempt == attempt)
             runs = [t.run_id for t in s.scalars(q.order_by(Task.attempt, Task.task_attempt)) if t.run_id]
+        return self._read_runs(runs, stream, offset)
+
+    def _read_runs(self, runs: Sequence[str], stream: str, offset: int) -> str:
+        """The runs' ``stream`` (stdout | stderr | all) files concatenated in order, from byte
+        ``offset``, decoded as UTF-8 (bad bytes replaced)."""
         streams = ("stdout", "stderr") if stream == "all" else (stream,)
         data = b""
         for run in runs:
