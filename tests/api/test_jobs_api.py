@@ -492,6 +492,36 @@ def test_log_query_answers_a_batch_from_two_store_queries_whatever_its_size(clie
     assert len(selects) == 2, selects  # the jobs, then their tasks: not a session per read
 
 
+def test_a_report_with_an_exit_and_its_output_reads_where_its_runs_are_placed_once(client: TestClient,
+                                                                                  plane) -> None:
+    import base64
+
+    for node in NODES:
+        report(client, node)
+    job = submit(client, job_text(5)).json()["id"]
+    assert client.post("/api/v2/scheduler/cycle").json()["placed"] == [job]
+    node, a = assignment(client, job)
+    placement_reads: list[str] = []
+
+    def count(_conn, _cursor, statement, *_args) -> None:
+        if "FROM tasks" in statement and "tasks.run_id IN" in statement:
+            placement_reads.append(statement)
+
+    sa_event.listen(Engine, "before_cursor_execute", count)
+    try:
+        r = client.post(f"/api/v2/nodes/{node}/status", json={
+            "agentId": "t", "gpus": 1, "simulatedGpus": True, "address": "127.0.0.1",
+            "runs": [run_status(a["runId"], "exited", 0)],
+            "logs": [{"runId": a["runId"], "stream": "stdout", "offset": 0,
+                      "data": base64.b64encode(b"done\n").decode()}]})
+    finally:
+        sa_event.remove(Engine, "before_cursor_execute", count)
+    assert r.status_code == 200 and r.json() == {"ack": [a["runId"]], "logs": [5]}, r.text
+    assert client.get(f"/api/v2/jobs/{job}").json()["state"] == "SUCCEEDED"
+    assert client.get(f"/api/v2/jobs/{job}/logs").text == "done\n"
+    assert len(placement_reads) == 1, placement_reads  # the output's check rides in the report's transaction
+
+
 def test_flow_run_links_of_a_batch_are_recorded_at_once_and_unknown_jobs_named(client: TestClient) -> None:
     a = submit(client, job_text(5)).json()["id"]
     b = submit(client, job_text(5, name="job-config-5b")).json()["id"]

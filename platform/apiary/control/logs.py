@@ -8,7 +8,7 @@ node a run is placed on may write its log.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from sqlalchemy import select
@@ -19,6 +19,16 @@ from apiary.store.models import Job, Task
 from apiary.store.unit import reading
 
 logger = logging.getLogger(__name__)
+
+
+def check_chunks(chunks: Sequence[tuple[str, str, int, bytes]]) -> None:
+    """Raise ValidationError (``logs.stream``, ``logs.offset``) for a ``(run id, stream, offset,
+    bytes)`` chunk whose stream is not stdout or stderr or whose offset is negative."""
+    for _run, stream, offset, _data in chunks:
+        if stream not in ("stdout", "stderr"):
+            raise ValidationError("logs.stream", "must be stdout or stderr")
+        if offset < 0:
+            raise ValidationError("logs.offset", "must be >= 0")
 
 
 class LogService:
@@ -58,16 +68,22 @@ class LogService:
         it still count. Returns each chunk's stored size, in order. Raises ValidationError (bad
         stream or offset) and UnavailableError (disk) as append_log does, before or while writing;
         chunks are idempotent, so the agent resends the report."""
-        for _run, stream, offset, _data in chunks:
-            if stream not in ("stdout", "stderr"):
-                raise ValidationError("logs.stream", "must be stdout or stderr")
-            if offset < 0:
-                raise ValidationError("logs.offset", "must be >= 0")
+        check_chunks(chunks)
         if not chunks:
             return []
         with reading(self.cache.sessions, "read logs") as s:
             q = select(Task.run_id, Task.node).where(Task.run_id.in_({run for run, *_ in chunks}))
             placed: dict[str, str | None] = {run: where for run, where in s.execute(q)}
+        return self.store_placed(node, chunks, placed)
+
+    def store_placed(self, node: str, chunks: Sequence[tuple[str, str, int, bytes]],
+                     placed: Mapping[str, str | None]) -> list[int | None]:
+        """The writes of :meth:`append_logs` once the caller has read where the chunks' runs are
+        placed (``placed``: run id -> node; a run missing from it is not placed anywhere): a node
+        report's transaction reads that with the runs' owners. Returns each chunk's stored size, or
+        None for a chunk of a run not placed on ``node`` (left out, logged). Raises
+        ValidationError for a bad stream or offset, UnavailableError when the disk refuses a write."""
+        check_chunks(chunks)
         sizes: list[int | None] = []
         for run_id, stream, offset, data in chunks:
             if placed.get(run_id) != node:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -20,6 +20,7 @@ from sqlalchemy import delete, func, select, update
 
 from apiary.control.cache import PlaneCache, Seen
 from apiary.control.intake import Intake, Pending
+from apiary.control.logs import check_chunks
 from apiary.control.nodes import (
     ADMIN_CORDON,
     HEARTBEAT_PERSIST_S,
@@ -50,12 +51,18 @@ REPORT_BATCH = 64
 #: Run ids per query when a batch's runs are looked up (SQLite allows 32,766 parameters).
 OWNER_CHUNK = 500
 
+#: Stores a report's output chunks on ``node`` given where their runs are placed (run id -> node):
+#: :meth:`apiary.control.logs.LogService.store_placed`.
+StoreLogs = Callable[[str, Sequence[tuple[str, str, int, bytes]], Mapping[str, str | None]], list[int | None]]
+
 
 @dataclass(eq=False, repr=False)
 class PendingReport(Pending):
     """One agent's report waiting for its batch's commit (:class:`~apiary.control.intake.Pending`:
     ``answer`` ``{"ack": [...]}`` or ``error``). ``info``: ``(gpus, simulated_gpus, address,
-    agent_id, metrics_url)``; ``now``: the plane's clock at arrival (epoch s)."""
+    agent_id, metrics_url)``; ``now``: the plane's clock at arrival (epoch s); ``logs``: the
+    output chunks ``(run id, stream, offset, bytes)`` it carries, stored before its runs' statuses
+    are committed (the answer then has ``"logs"``: each chunk's stored size or None)."""
 
     node: str
     info: tuple[int, bool, str, str, str | None]
@@ -63,6 +70,7 @@ class PendingReport(Pending):
     faults_applied: int | None
     cannot_record: str | None
     now: float
+    logs: Sequence[tuple[str, str, int, bytes]] = ()
 
     def __repr__(self) -> str:
         return f"the report of node {self.node}"
@@ -71,8 +79,11 @@ class PendingReport(Pending):
 class NodeService:
     """Nodes over the plane's ``cache``: reports, loss, cordon, drain, faults, listings."""
 
-    def __init__(self, cache: PlaneCache) -> None:
+    def __init__(self, cache: PlaneCache, store_logs: StoreLogs | None = None) -> None:
         self.cache = cache
+        #: Where the output chunks of reports go (:data:`StoreLogs`); None: a report with output is
+        #: refused (ValidationError), nothing is stored without a log store.
+        self.store_logs = store_logs
         self.reports: Intake[PendingReport] = Intake()  # reports waiting for a group commit
         self._persist_due = 0.0  # monotonic time of the next persist_heartbeats
 
@@ -195,16 +206,21 @@ class NodeService:
 
     def node_report(self, node: str, *, gpus: int, simulated_gpus: bool, address: str, agent_id: str,
                     runs: Iterable[dict], metrics_url: str | None = None, faults_applied: int | None = None,
-                    cannot_record: str | None = None) -> dict:
+                    cannot_record: str | None = None, logs: Sequence[tuple[str, str, int, bytes]] = ()) -> dict:
         """Apply an agent's heartbeat and run statuses (``TaskStatus`` dicts). Idempotent.
 
         Returns ``{"ack": [run_id]}``: runs whose final status is recorded (the agent may forget
         them). ``faults_applied``: the agent's high-water mark of applied fault ids (those faults are
         deleted). ``cannot_record``: why the agent cannot record runs now (it launches nothing new
         meanwhile), None when it can; kept in memory for ``/healthz``
-        (:func:`apiary.control.health.health_problems`). Raises NotFoundError for a node the cluster
-        config does not declare,
-        UnavailableError (503) when the store cannot commit (the agent resends). The node's row of a
+        (:func:`apiary.control.health.health_problems`). ``logs``: output chunks ``(run id, stream,
+        offset, bytes)``, stored (:attr:`store_logs`) inside the report's transaction, after it read
+        where their runs are placed and before its commit, so a run's output is stored before its
+        exit is; the answer then has ``"logs"``: each chunk's stored size, or None for a chunk of a
+        run not placed on ``node`` (left out, logged). Raises NotFoundError for a node the cluster
+        config does not declare, ValidationError for a chunk's bad stream or offset (or output
+        with no log store wired), UnavailableError (503) when the store cannot commit or the disk
+        refuses the output (the agent resends; chunks are idempotent). The node's row of a
         known healthy node whose facts did not change is written at most every
         :data:`~apiary.control.nodes.HEARTBEAT_PERSIST_S` (a bare heartbeat then touches only memory;
         a report with runs writes only the runs).
@@ -216,8 +232,12 @@ class NodeService:
         reports queued ahead of it.
         """
         self.cache.known_node(node)
+        if logs:
+            check_chunks(logs)
+            if self.store_logs is None:
+                raise ValidationError("logs", "this control plane stores no output")
         pending = PendingReport(node, (gpus, simulated_gpus, address, agent_id, metrics_url), list(runs),
-                                faults_applied, cannot_record, self.cache.clock())
+                                faults_applied, cannot_record, self.cache.clock(), logs=list(logs))
         self.hear(node)  # before waiting for the lock (the API hears it before the worker thread too)
         self.reports.put(pending)
         with self.cache.lock:
@@ -280,31 +300,41 @@ class NodeService:
             # HEARTBEAT_PERSIST_S): leave it alone, whether or not the report carries runs.
             fresh = (not new_mark and seen is not None and seen.info == p.info and seen.healthy
                      and p.now - seen.beat < HEARTBEAT_PERSIST_S)
-            if fresh and not p.runs:
+            if fresh and not p.runs and not p.logs:
                 p.settle(answer={"ack": []})
                 continue
             todo.append((p, seen, new_mark, fresh))
         if not todo:
             return
-        acks: list[list[str]] = []
+        answers: list[dict] = []
         with self.cache.work("node report") as w:
-            owners = self._run_owners(w, [(run["run_id"], p.node) for p, *_ in todo for run in p.runs])
+            owners = self._run_owners(w, [(run["run_id"], p.node) for p, *_ in todo for run in p.runs],
+                                      {run_id for p, *_ in todo for run_id, *_ in p.logs})
+            placed = {run_id: where for run_id, (_job, where) in owners.items()}
             for p, seen, new_mark, fresh in todo:
-                acks.append(self._write_report(w, p, seen, new_mark, fresh, owners))
+                answer: dict = {}
+                if p.logs:
+                    assert self.store_logs is not None  # node_report refused output without one
+                    # Before the runs' exits are committed: the output is stored when the exit is seen.
+                    answer["logs"] = self.store_logs(p.node, p.logs, placed)
+                answer["ack"] = self._write_report(w, p, seen, new_mark, fresh, owners)
+                answers.append(answer)
             w.commit()
-        for (p, seen, _new_mark, fresh), ack in zip(todo, acks, strict=True):
+        for (p, seen, _new_mark, fresh), answer in zip(todo, answers, strict=True):
             mark = p.faults_applied if p.faults_applied is not None else (seen.faults_applied if seen else None)
             self.cache.reported[p.node] = Seen(p.info, True, seen.beat if fresh and seen else p.now, mark)
-            p.settle(answer={"ack": ack})
+            p.settle(answer=answer)
 
     @staticmethod
-    def _run_owners(w: Work, runs: list[tuple[str, str]]) -> dict[str, tuple[str, str | None]]:
+    def _run_owners(w: Work, runs: list[tuple[str, str]],
+                    more: Iterable[str] = ()) -> dict[str, tuple[str, str | None]]:
         """Run id -> ``(job id, node)`` of the tasks that ``runs`` (``(run id, reporting node)``)
-        belong to, and the jobs of the runs placed on the node reporting them loaded into ``w``:
+        and ``more`` (run ids whose output a report carries) belong to, and the jobs of ``runs``
+        placed on the node reporting them loaded into ``w``:
         a query per :data:`OWNER_CHUNK` runs and per as many jobs, not a query and a load per run
         (at 5,000 nodes under a job stream, loading jobs one by one was half of the reports' time)."""
         owners: dict[str, tuple[str, str | None]] = {}
-        unique = sorted({run_id for run_id, _ in runs})
+        unique = sorted({run_id for run_id, _ in runs} | set(more))
         for i in range(0, len(unique), OWNER_CHUNK):
             query = select(Task.run_id, Task.job_id, Task.node).where(Task.run_id.in_(unique[i:i + OWNER_CHUNK]))
             for run_id, job_id, node in w.s.execute(query):

@@ -76,11 +76,11 @@ class ControlPlane:
         self.cache = PlaneCache(sessions, cluster, clock=clock, lazy_preemption=lazy_preemption,
                                 node_lost_after_s=node_lost_after_s)
         self.jobs = JobService(self.cache, max_instances=max_instances)
-        self.nodes = NodeService(self.cache)
+        self.logs = LogService(self.cache, logs_dir)
+        self.nodes = NodeService(self.cache, self.logs.store_placed)
         self.scheduling = SchedulingCycle(self.cache, self.nodes.tend)
         self.agents = Assignments(self.cache, self.nodes.node_faults)
         self.proxy = ProxyTargets(self.cache, lambda: self.agents.instance_secrets)
-        self.logs = LogService(self.cache, logs_dir)
         self.clusters = ClusterService(self.cache, config_path=config_path)
         # The names callers use, each its service's method.
         self.submit = self.jobs.submit

@@ -93,8 +93,8 @@ def _report_threads() -> CapacityLimiter:
 
 
 def _report(node: str, report: NodeReport, plane: ControlPlane) -> dict:
-    stored = plane.append_logs(node, [(c.runId, c.stream, c.offset, c.raw()) for c in report.logs])
-    answer = plane.node_report(
+    # The output rides in the report's transaction: stored before the runs' exits are committed.
+    return plane.node_report(
         node,
         gpus=report.gpus,
         simulated_gpus=report.simulatedGpus,
@@ -104,8 +104,8 @@ def _report(node: str, report: NodeReport, plane: ControlPlane) -> dict:
         metrics_url=report.metricsUrl,
         faults_applied=report.faultsApplied,
         cannot_record=report.cannotRecord,
+        logs=[(c.runId, c.stream, c.offset, c.raw()) for c in report.logs],
     )
-    return {**answer, "logs": stored} if report.logs else answer
 
 
 # Fault and assignment dicts carry only the fault kinds that were given; exclude_unset keeps it so
