@@ -67,7 +67,7 @@ def test_an_idle_nodes_long_poll_reads_the_store_once_per_generation(h: Harness,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     reads: list[str] = []
     real = h.plane.agents.assignments
-    monkeypatch.setattr(h.plane.agents, "assignments", lambda node: reads.append(node) or real(node))
+    monkeypatch.setattr(h.plane.agents, "assignments", lambda node, s=None: reads.append(node) or real(node, s))
     first = h.plane.assignments_answer(CAROL)
     assert first["assignments"] == [] and reads == [CAROL]
     assert h.plane.assignments_answer(CAROL) == first and reads == [CAROL]  # kept: no store read
@@ -89,6 +89,20 @@ def test_an_idle_nodes_long_poll_reads_the_store_once_per_generation(h: Harness,
     h.report(CAROL, [h.status(run_id, "exited", 0)])  # the run ends without a new generation
     assert h.job(job)["state"] == "SUCCEEDED"
     assert h.plane.assignments_answer(CAROL)["assignments"] == []  # never the kept answer with the run
+
+
+def test_a_long_polls_answer_reads_runs_and_faults_in_one_session(h: Harness,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    h.plane.inject_fault(CAROL, 0, xid=79)
+    job = h.submit(0, **{"defaults.virtualCluster": "default"})
+    h.cycle()
+    assert h.task(job)["node"] == CAROL
+    opened: list[object] = []
+    real = h.plane.cache.sessions
+    monkeypatch.setattr(h.plane.cache, "sessions", lambda: opened.append(1) or real())
+    answer = h.plane.assignments_answer(CAROL)
+    assert [a["desired"] for a in answer["assignments"]] == ["RUN"] and len(answer["faults"]) == 1
+    assert len(opened) == 1  # not a session for the runs and another for the faults
 
 
 def test_a_lost_node_is_read_from_the_store_once(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,7 +1,8 @@
 """What a node's agent should run: its task runs with everything needed to launch them.
 
-Read-only: one query for the node's live runs with their jobs and placements, one for the nodes
-they name, and the attempt's other runs only for a job of more than one instance (their hosts).
+Read-only, one transaction per answer: one query for the node's live runs with their jobs and
+placements, one for the nodes they name, the attempt's other runs only for a job of more than one
+instance (their hosts), and one for the node's queued faults.
 """
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sqlalchemy import and_, select
+from sqlalchemy.orm import Session
 
 from apiary.control.cache import PlaneCache
 from apiary.control.jobssh import JobSsh
-from apiary.control.node_service import ACTIVE_TASK_STATES
+from apiary.control.node_service import ACTIVE_TASK_STATES, read_node_faults
 from apiary.control.proxy import SECRET_ENV as PROXY_SECRET_ENV
 from apiary.control.views import latest_tasks
 from apiary.errors import ApiaryError
@@ -29,9 +31,8 @@ from apiary.store.unit import reading
 class Assignments:
     """The agents' view of the plane's ``cache``: :meth:`assignments` of a node."""
 
-    def __init__(self, cache: PlaneCache, node_faults: Callable[[str], list[dict]]) -> None:
+    def __init__(self, cache: PlaneCache) -> None:
         self.cache = cache
-        self.node_faults = node_faults
         #: ``plan_mounts(user, requests) -> [mount]``: what a task mounts
         #: (:meth:`apiary.storage.service.MountPlanner.plan`); None: no storage is wired, and a job
         #: that names a config gets a launch that fails with the reason.
@@ -61,7 +62,8 @@ class Assignments:
         if kept is not None:
             return kept
         gen = self.cache.generation.get(node, 0)
-        answer = {"generation": gen, "assignments": self.assignments(node), "faults": self.node_faults(node)}
+        with reading(self.cache.sessions, "assignments") as s:  # runs and faults in one transaction
+            answer = {"generation": gen, "assignments": self.assignments(node, s), "faults": read_node_faults(s, node)}
         if answer["assignments"]:
             self.cache.answers.pop(node, None)
         else:
@@ -75,8 +77,9 @@ class Assignments:
         kept = self.cache.answers.get(node)
         return kept[1] if kept is not None and kept[0] == self.cache.generation.get(node, 0) else None
 
-    def assignments(self, node: str) -> list[dict]:
-        """The task runs ``node`` should be running now, with everything needed to launch them.
+    def assignments(self, node: str, s: Session | None = None) -> list[dict]:
+        """The task runs ``node`` should be running now, with everything needed to launch them,
+        read in ``s`` (a session of its own when None).
 
         Each item: ``{"runId", "desired": "RUN"|"STOP", "launch": TaskLaunch fields, "probes", "labels"}``.
         A run absent from the list must not run on the node.
@@ -84,35 +87,37 @@ class Assignments:
         # An agent reads this after every change to its node (a run placed or told to stop): one
         # query for the node's runs with their jobs and placements, one for the nodes they name,
         # and the attempt's other runs only for a job of more than one instance (their hosts).
-        with reading(self.cache.sessions, "assignments") as s:
-            rows = list(s.execute(
-                select(Task, Job, Placement.leaf_cells)
-                .join(Job, Job.id == Task.job_id)
-                .outerjoin(Placement, and_(Placement.job_id == Task.job_id, Placement.attempt == Task.attempt,
-                                           Placement.task_role == Task.task_role, Placement.index == Task.index))
-                .where(Task.node == node, Task.state.in_(ACTIVE_TASK_STATES))
-                .order_by(Task.id)
-            ).tuples())
-            peers: dict[tuple[str, int], list[Task]] = {}
-            for t, job, _ in rows:
-                if (job.id, t.attempt) not in peers:
-                    single = sum(r.instances for r in self.cache.spec_of(job).task_roles.values()) == 1
-                    peers[(job.id, t.attempt)] = [t] if single else latest_tasks(s, job, t.attempt)
-            names = {p.node for ps in peers.values() for p in ps if p.node} | {node}
-            nodes = {name: (address, simulated) for name, address, simulated in s.execute(
-                select(Node.name, Node.address, Node.simulated_gpus).where(Node.name.in_(names)))}
-            out = []
-            for t, job, leaf_cells in rows:
-                spec = self.cache.spec_of(job)
-                out.append({
-                    "runId": t.run_id, "desired": t.desired,
-                    "launch": self._launch(job, t, peers[(job.id, t.attempt)], nodes, leaf_cells),
-                    "probes": probes_to_wire(*parse_probes(spec.extras, t.task_role)),
-                    # For the node's task metrics (apiary_task_*{job,user,virtual_cluster,task_role,index}).
-                    "labels": {"job": job.id, "user": job.user, "virtual_cluster": job.virtual_cluster,
-                               "task_role": t.task_role, "index": str(t.index)},
-                })
-            return out
+        if s is None:
+            with reading(self.cache.sessions, "assignments") as own:
+                return self.assignments(node, own)
+        rows = list(s.execute(
+            select(Task, Job, Placement.leaf_cells)
+            .join(Job, Job.id == Task.job_id)
+            .outerjoin(Placement, and_(Placement.job_id == Task.job_id, Placement.attempt == Task.attempt,
+                                       Placement.task_role == Task.task_role, Placement.index == Task.index))
+            .where(Task.node == node, Task.state.in_(ACTIVE_TASK_STATES))
+            .order_by(Task.id)
+        ).tuples())
+        peers: dict[tuple[str, int], list[Task]] = {}
+        for t, job, _ in rows:
+            if (job.id, t.attempt) not in peers:
+                single = sum(r.instances for r in self.cache.spec_of(job).task_roles.values()) == 1
+                peers[(job.id, t.attempt)] = [t] if single else latest_tasks(s, job, t.attempt)
+        names = {p.node for ps in peers.values() for p in ps if p.node} | {node}
+        nodes = {name: (address, simulated) for name, address, simulated in s.execute(
+            select(Node.name, Node.address, Node.simulated_gpus).where(Node.name.in_(names)))}
+        out = []
+        for t, job, leaf_cells in rows:
+            spec = self.cache.spec_of(job)
+            out.append({
+                "runId": t.run_id, "desired": t.desired,
+                "launch": self._launch(job, t, peers[(job.id, t.attempt)], nodes, leaf_cells),
+                "probes": probes_to_wire(*parse_probes(spec.extras, t.task_role)),
+                # For the node's task metrics (apiary_task_*{job,user,virtual_cluster,task_role,index}).
+                "labels": {"job": job.id, "user": job.user, "virtual_cluster": job.virtual_cluster,
+                           "task_role": t.task_role, "index": str(t.index)},
+            })
+        return out
 
     def _launch(self, job: Job, task: Task, peers: list[Task], nodes: dict[str, tuple[str | None, bool | None]],
                 leaf_cells: list | None) -> dict:

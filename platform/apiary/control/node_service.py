@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
 
 from apiary.control.cache import PlaneCache, Seen
 from apiary.control.intake import Intake, Pending
@@ -74,6 +75,13 @@ class PendingReport(Pending):
 
     def __repr__(self) -> str:
         return f"the report of node {self.node}"
+
+
+def read_node_faults(s: Session, node: str) -> list[dict]:
+    """:meth:`NodeService.node_faults` read in the caller's session ``s`` (the agents' long poll
+    reads them with the node's runs, in one transaction)."""
+    return [{"id": f.id, "gpu": f.gpu, **f.fault}
+            for f in s.scalars(select(NodeFault).where(NodeFault.node == node).order_by(NodeFault.id))]
 
 
 class NodeService:
@@ -516,8 +524,7 @@ class NodeService:
         Ids never repeat (not even across restarts), so the agent applies each once: those above its
         high-water mark. A fault stays queued until the agent reports it applied."""
         with reading(self.cache.sessions, "read nodes") as s:
-            return [{"id": f.id, "gpu": f.gpu, **f.fault}
-                    for f in s.scalars(select(NodeFault).where(NodeFault.node == node).order_by(NodeFault.id))]
+            return read_node_faults(s, node)
 
     def inject_fault(self, node: str, gpu: int, **fault: object) -> dict:
         """Queue a simulated-GPU fault (DCGM error injection) or ``clear=True`` for ``node``'s agent,

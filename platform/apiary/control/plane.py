@@ -79,7 +79,7 @@ class ControlPlane:
         self.logs = LogService(self.cache, logs_dir)
         self.nodes = NodeService(self.cache, self.logs.store_placed)
         self.scheduling = SchedulingCycle(self.cache, self.nodes.tend)
-        self.agents = Assignments(self.cache, self.nodes.node_faults)
+        self.agents = Assignments(self.cache)
         self.proxy = ProxyTargets(self.cache, lambda: self.agents.instance_secrets)
         self.clusters = ClusterService(self.cache, config_path=config_path)
         # The names callers use, each its service's method.
