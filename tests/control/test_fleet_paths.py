@@ -105,6 +105,25 @@ def test_a_long_polls_answer_reads_runs_and_faults_in_one_session(h: Harness,
     assert len(opened) == 1  # not a session for the runs and another for the faults
 
 
+def test_a_running_tasks_output_is_stored_without_a_write_transaction(h: Harness,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    job = h.submit(0, **{"defaults.virtualCluster": "default"})
+    h.cycle()
+    run_id = h.plane.assignments_answer(CAROL)["assignments"][0]["runId"]
+    h.report(CAROL, [h.status(run_id, "running")])
+    works: list[str] = []
+    real = h.plane.cache.work
+    monkeypatch.setattr(h.plane.cache, "work", lambda why: works.append(why) or real(why))
+    chunk = [(run_id, "stdout", 0, b"epoch 1\n")]
+    answer = h.plane.node_report(CAROL, gpus=1, simulated_gpus=True, address="127.0.0.1", agent_id="t", runs=[],
+                                 logs=chunk)
+    assert answer == {"ack": [], "logs": [8]} and works == []  # read where the run is, write no row
+    assert h.plane.read_logs(job) == "epoch 1\n"
+    answer = h.plane.node_report(DAN, gpus=1, simulated_gpus=True, address="127.0.0.1", agent_id="t", runs=[],
+                                 logs=[(run_id, "stdout", 8, b"forged\n")])
+    assert answer == {"ack": [], "logs": [None]} and h.plane.read_logs(job) == "epoch 1\n"  # not DAN's run
+
+
 def test_a_lost_node_is_read_from_the_store_once(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     works: list[str] = []
     real = h.plane.cache.work

@@ -314,6 +314,16 @@ class NodeService:
             todo.append((p, seen, new_mark, fresh))
         if not todo:
             return
+        if all(fresh and not p.runs for p, _seen, _mark, fresh in todo):
+            # Only output from nodes whose rows need nothing (a long task's steady output): where
+            # its runs are placed is read, and nothing is written to the store.
+            assert self.store_logs is not None  # node_report refused output without one
+            with reading(self.cache.sessions, "node report") as s:
+                found = self._owners(s, {run_id for p, *_ in todo for run_id, *_ in p.logs})
+            placed = {run_id: where for run_id, (_job, where) in found.items()}
+            for p, *_ in todo:
+                p.settle(answer={"logs": self.store_logs(p.node, p.logs, placed), "ack": []})
+            return
         answers: list[dict] = []
         with self.cache.work("node report") as w:
             owners = self._run_owners(w, [(run["run_id"], p.node) for p, *_ in todo for run in p.runs],
@@ -341,16 +351,23 @@ class NodeService:
         placed on the node reporting them loaded into ``w``:
         a query per :data:`OWNER_CHUNK` runs and per as many jobs, not a query and a load per run
         (at 5,000 nodes under a job stream, loading jobs one by one was half of the reports' time)."""
-        owners: dict[str, tuple[str, str | None]] = {}
-        unique = sorted({run_id for run_id, _ in runs} | set(more))
-        for i in range(0, len(unique), OWNER_CHUNK):
-            query = select(Task.run_id, Task.job_id, Task.node).where(Task.run_id.in_(unique[i:i + OWNER_CHUNK]))
-            for run_id, job_id, node in w.s.execute(query):
-                owners[run_id] = (job_id, node)
+        owners = NodeService._owners(w.s, {run_id for run_id, _ in runs} | set(more))
         jobs = sorted({owners[run_id][0] for run_id, node in runs
                        if run_id in owners and owners[run_id][1] == node})
         for i in range(0, len(jobs), OWNER_CHUNK):
             w.load_many(jobs[i:i + OWNER_CHUNK])
+        return owners
+
+    @staticmethod
+    def _owners(s: Session, run_ids: Iterable[str]) -> dict[str, tuple[str, str | None]]:
+        """Run id -> ``(job id, node)`` of the tasks with those run ids (unknown ones left out),
+        read in ``s``, a query per :data:`OWNER_CHUNK` run ids."""
+        owners: dict[str, tuple[str, str | None]] = {}
+        unique = sorted(set(run_ids))
+        for i in range(0, len(unique), OWNER_CHUNK):
+            query = select(Task.run_id, Task.job_id, Task.node).where(Task.run_id.in_(unique[i:i + OWNER_CHUNK]))
+            for run_id, job_id, node in s.execute(query):
+                owners[run_id] = (job_id, node)
         return owners
 
     def _write_report(self, w: Work, p: PendingReport, seen: Seen | None, new_mark: bool, fresh: bool,
