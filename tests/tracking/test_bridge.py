@@ -477,8 +477,19 @@ def test_a_batch_reads_its_output_from_apiary_while_its_flow_runs_are_written(se
     asyncio.run(bridge.sync_once())
     assert seen == [True]
     assert bridge.cursor == len(src._events)
-    logs = settled(server.api_url, "dave~overlap")["logs"]
-    assert any("CUDA error: out of memory" in log.message for log in logs)
+    # What this test is about is the output: wait for it, and for every task run's final state
+    # type. (settled() also waits for each task run's state object; in one clean-clone run the
+    # server returned all six of this job's task runs without one for 60 s, with state_type final
+    # and state_id set. Not understood yet; the tests that use settled() still check it.)
+    def output() -> dict | None:
+        got = asyncio.run(read_back(server.api_url, "dave~overlap"))
+        runs = got.get("task_runs") or []
+        done = len(runs) >= len(EXPECTED_TASK_RUNS) and all(
+            t.state_type is not None and t.state_type.value in {"COMPLETED", "FAILED"} for t in runs)
+        return got if done and any("CUDA error: out of memory" in log.message for log in got["logs"]) else None
+
+    got = until(output, 60, "the output and final task runs of dave~overlap", poll_s=0.2)
+    assert {t.name: t.state_type.value for t in got["task_runs"]} == EXPECTED_TASK_RUNS
 
 
 def test_together_lets_every_step_finish_before_it_raises_and_prefers_a_lasting_failure():
