@@ -80,10 +80,10 @@ class LogService:
                      placed: Mapping[str, str | None]) -> list[int | None]:
         """The writes of :meth:`append_logs` once the caller has read where the chunks' runs are
         placed (``placed``: run id -> node; a run missing from it is not placed anywhere): a node
-        report's transaction reads that with the runs' owners. Returns each chunk's stored size, or
-        None for a chunk of a run not placed on ``node`` (left out, logged). Raises
-        ValidationError for a bad stream or offset, UnavailableError when the disk refuses a write."""
-        check_chunks(chunks)
+        report's transaction reads that with the runs' owners. The chunks were checked by the
+        caller (:func:`check_chunks`). Returns each chunk's stored size, or None for a chunk of a
+        run not placed on ``node`` (left out, logged). Raises UnavailableError when the disk
+        refuses a write."""
         sizes: list[int | None] = []
         for run_id, stream, offset, data in chunks:
             if placed.get(run_id) != node:

@@ -87,11 +87,9 @@ def read_node_faults(s: Session, node: str) -> list[dict]:
 class NodeService:
     """Nodes over the plane's ``cache``: reports, loss, cordon, drain, faults, listings."""
 
-    def __init__(self, cache: PlaneCache, store_logs: StoreLogs | None = None) -> None:
+    def __init__(self, cache: PlaneCache, store_logs: StoreLogs) -> None:
         self.cache = cache
-        #: Where the output chunks of reports go (:data:`StoreLogs`); None: a report with output is
-        #: refused (ValidationError), nothing is stored without a log store.
-        self.store_logs = store_logs
+        self.store_logs = store_logs  # where the output chunks of reports go (:data:`StoreLogs`)
         self.reports: Intake[PendingReport] = Intake()  # reports waiting for a group commit
         self._persist_due = 0.0  # monotonic time of the next persist_heartbeats
 
@@ -226,8 +224,8 @@ class NodeService:
         where their runs are placed and before its commit, so a run's output is stored before its
         exit is; the answer then has ``"logs"``: each chunk's stored size, or None for a chunk of a
         run not placed on ``node`` (left out, logged). Raises NotFoundError for a node the cluster
-        config does not declare, ValidationError for a chunk's bad stream or offset (or output
-        with no log store wired), UnavailableError (503) when the store cannot commit or the disk
+        config does not declare, ValidationError for a chunk's bad stream or offset,
+        UnavailableError (503) when the store cannot commit or the disk
         refuses the output (the agent resends; chunks are idempotent). The node's row of a
         known healthy node whose facts did not change is written at most every
         :data:`~apiary.control.nodes.HEARTBEAT_PERSIST_S` (a bare heartbeat then touches only memory;
@@ -240,10 +238,7 @@ class NodeService:
         reports queued ahead of it.
         """
         self.cache.known_node(node)
-        if logs:
-            check_chunks(logs)
-            if self.store_logs is None:
-                raise ValidationError("logs", "this control plane stores no output")
+        check_chunks(logs)
         pending = PendingReport(node, (gpus, simulated_gpus, address, agent_id, metrics_url), list(runs),
                                 faults_applied, cannot_record, self.cache.clock(), logs=list(logs))
         self.hear(node)  # before waiting for the lock (the API hears it before the worker thread too)
@@ -317,7 +312,6 @@ class NodeService:
         if all(fresh and not p.runs for p, _seen, _mark, fresh in todo):
             # Only output from nodes whose rows need nothing (a long task's steady output): where
             # its runs are placed is read, and nothing is written to the store.
-            assert self.store_logs is not None  # node_report refused output without one
             with reading(self.cache.sessions, "node report") as s:
                 found = self._owners(s, {run_id for p, *_ in todo for run_id, *_ in p.logs})
             placed = {run_id: where for run_id, (_job, where) in found.items()}
@@ -332,7 +326,6 @@ class NodeService:
             for p, seen, new_mark, fresh in todo:
                 answer: dict = {}
                 if p.logs:
-                    assert self.store_logs is not None  # node_report refused output without one
                     # Before the runs' exits are committed: the output is stored when the exit is seen.
                     answer["logs"] = self.store_logs(p.node, p.logs, placed)
                 answer["ack"] = self._write_report(w, p, seen, new_mark, fresh, owners)
