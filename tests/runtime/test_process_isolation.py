@@ -489,3 +489,69 @@ def test_a_queued_release_leaves_alone_a_lease_another_agent_took_over_meanwhile
         finally:
             daemon.kill()
             daemon.wait()
+
+
+def test_a_sweep_leaves_a_just_exited_runs_lease_to_its_agent_and_reclaims_one_left_behind(tmp_path: Path) -> None:
+    """An acquire's sweep reclaims the lease of a run that recorded its exit long ago (its agent
+    ended before releasing it) but not one whose run exited just now (its own agent releases it
+    after reading the exit; reclaiming it meant a /proc scan per lease, racing that release), and
+    the stale ones of a sweep share one kill_uids."""
+    import time
+
+    from apiary.runtime import isolation
+
+    pool = isolation.UidPool(tmp_path / "scratch", 1999999970, 1999999979)
+    runs = [tmp_path / f"run-{i}" for i in range(4)]
+    for run in runs:
+        run.mkdir()
+    idents = [pool.acquire(run) for run in runs]
+    (runs[0] / "exit_code").write_text("0\n")  # exited just now: its agent's to release
+    (runs[1] / "exit_code").write_text("1\n")  # exited long ago: left behind
+    old = time.time() - isolation._EXITED_GRACE_S - 5
+    os.utime(runs[1] / "exit_code", (old, old))
+    shutil.rmtree(runs[2])  # its records deleted: left behind
+    batches: list[set[int]] = []
+    real = isolation.kill_uids
+
+    def recorded(targets: set[int], timeout_s: float = 2.0) -> set[int]:
+        batches.append(set(targets))
+        return real(targets, timeout_s)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(isolation, "kill_uids", recorded)
+        mp.setattr(isolation, "_swept_at", {})  # due now
+        pool.acquire(tmp_path / "run-new")
+    assert idents[0].lease.exists() and idents[3].lease.exists()
+    assert not idents[1].lease.exists() and not idents[2].lease.exists()
+    assert batches == [{idents[1].uid, idents[2].uid}]
+
+
+def test_an_acquire_sweeps_at_most_once_a_second_unless_no_uid_is_free(tmp_path: Path) -> None:
+    """Back-to-back acquires sweep the scratch root once, not each time; when every uid of the
+    range is leased, an acquire reclaims the lease of a run that has just exited at once rather
+    than fail."""
+    from apiary.runtime import isolation
+
+    pool = isolation.UidPool(tmp_path / "scratch", 1999999960, 1999999962)
+    sweeps: list[float] = []
+    real = isolation.UidPool._sweep
+
+    def counted(self: isolation.UidPool, *args: object, **kw: object) -> None:
+        sweeps.append(kw.get("grace_s", isolation._EXITED_GRACE_S))  # type: ignore[arg-type]
+        real(self, *args, **kw)  # type: ignore[arg-type]
+
+    runs = [tmp_path / f"run-{i}" for i in range(4)]
+    for run in runs:
+        run.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(isolation.UidPool, "_sweep", counted)
+        mp.setattr(isolation, "_swept_at", {})
+        mp.setattr(isolation, "_SWEEP_EVERY_S", 3600.0)
+        idents = [pool.acquire(run) for run in runs[:3]]
+        assert sweeps == [isolation._EXITED_GRACE_S]  # the first acquire's only
+        (runs[1] / "exit_code").write_text("0\n")  # exited just now, not released yet
+        fourth = pool.acquire(runs[3])
+    assert sweeps == [isolation._EXITED_GRACE_S, 0.0]
+    assert fourth.uid == idents[1].uid and (fourth.lease / "owner").read_text().strip() == str(runs[3])
+    with pytest.raises(PlatformError, match="no free task uid"):
+        pool.acquire(tmp_path / "run-more")

@@ -30,7 +30,9 @@ and the home are deleted. Put results a job must keep in its workdir or shared s
 normal end releases in the background (:class:`_Drainer`): the releases of ~0.2 s share one
 ``/proc`` scan, which at 20 tasks a second was a scan of every process per task, each read
 handing the GIL to the agent's other threads; the lease, kept until then, keeps the uid from
-being leased again meanwhile.
+being leased again meanwhile. A lease an agent left behind (it ended before it read its run's
+exit) is reclaimed by a later acquire's sweep, 30 s after the run recorded its exit; an acquire
+sweeps at most once a second per process, and at once when it finds no uid free.
 
 What this does not isolate: tasks share the kernel, the network and the host's filesystem
 (whatever is world-readable or world-writable is so for them), have no cgroup limits on CPU,
@@ -64,10 +66,19 @@ from apiary.runtime.records import read_slot, write_atomic
 
 _LEASE_MODE = 0o711
 _KILL_WAIT_S = 2.0
-_SWEEP = 16  # stale leases reclaimed at most per acquire
+_SWEEP = 16  # leases looked at per sweep (stale ones are reclaimed)
+#: How often one process sweeps a scratch root for stale leases (seconds); an acquire that finds
+#: no free uid sweeps at once.
+_SWEEP_EVERY_S = 1.0
+#: How long after its run recorded its exit a lease is left to its own agent's release (seconds).
+#: That agent releases it once it has read the exit, usually within a second; a lease still there
+#: this long after is one an agent that ended left behind. Reclaiming it sooner cost a ``/proc``
+#: scan of every process per lease (the sweep raced every live agent's release at 50 tasks/s).
+_EXITED_GRACE_S = 30.0
 # One lock for every pool in this process (agents of several nodes share one process); the
 # flock on scratch_root/.lock covers agents in other processes.
 _ALLOC_LOCK = threading.Lock()
+_swept_at: dict[Path, float] = {}  # scratch root -> when this process last swept it (under _ALLOC_LOCK)
 
 
 def _mapped(lo: int, hi: int, uid_map: str | None = None) -> bool:
@@ -365,36 +376,53 @@ class UidPool:
         self._ensure_root()
         with _ALLOC_LOCK, open(self.root / ".lock", "a") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            self._sweep()
-            count = self.last - self.first + 1
-            start = self._next_hint()
-            in_use = _uids_in_use()
-            for i in range(count):
-                uid = self.first + (start - self.first + i) % count
-                lease = self.root / str(uid)
-                if _DRAINER.waiting(lease) or (lease.exists() and not self._reclaim_stale(uid)):
-                    continue
-                if uid in in_use:
-                    continue
-                try:
-                    lease.mkdir(mode=_LEASE_MODE)
-                except FileExistsError:
-                    continue
-                except OSError as exc:
-                    raise PlatformError(f"cannot lease task uid {uid} in {self.root}: {exc}") from exc
-                ident = TaskIdentity(uid=uid, lease=lease)
-                try:
-                    os.chmod(lease, _LEASE_MODE)
-                    write_atomic(lease / "owner", f"{owner}\n", durable=False)
-                    ident.home.mkdir(mode=0o700)
-                    os.chown(ident.home, uid, uid)
-                    os.chmod(ident.home, 0o700)
-                    self._write_hint(uid + 1 if uid < self.last else self.first)
-                except OSError as exc:
-                    shutil.rmtree(lease, ignore_errors=True)
-                    raise PlatformError(f"cannot lease task uid {uid} in {self.root}: {exc}") from exc
+            now = time.monotonic()
+            if now - _swept_at.get(self.root, float("-inf")) >= _SWEEP_EVERY_S:
+                self._sweep()
+                _swept_at[self.root] = now
+            ident = self._lease_free(owner, _EXITED_GRACE_S)
+            if ident is None:
+                # Every uid taken: reclaim the leases of every run that recorded its exit, without
+                # waiting for their agents, then look again.
+                self._sweep(most=self.last - self.first + 1, grace_s=0.0)
+                _swept_at[self.root] = now
+                ident = self._lease_free(owner, 0.0)
+            if ident is not None:
                 return ident
         raise PlatformError(f"no free task uid in {self.first}-{self.last}: every one runs a task")
+
+    def _lease_free(self, owner: Path, grace_s: float) -> TaskIdentity | None:
+        """Lease the first free uid from the hint on (both locks held), reclaiming stale leases on
+        the way (``grace_s``: :meth:`_stale`); None if there is none."""
+        count = self.last - self.first + 1
+        start = self._next_hint()
+        in_use = _uids_in_use()
+        for i in range(count):
+            uid = self.first + (start - self.first + i) % count
+            lease = self.root / str(uid)
+            if _DRAINER.waiting(lease) or (lease.exists() and not self._reclaim_stale(uid, grace_s)):
+                continue
+            if uid in in_use:
+                continue
+            try:
+                lease.mkdir(mode=_LEASE_MODE)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise PlatformError(f"cannot lease task uid {uid} in {self.root}: {exc}") from exc
+            ident = TaskIdentity(uid=uid, lease=lease)
+            try:
+                os.chmod(lease, _LEASE_MODE)
+                write_atomic(lease / "owner", f"{owner}\n", durable=False)
+                ident.home.mkdir(mode=0o700)
+                os.chown(ident.home, uid, uid)
+                os.chmod(ident.home, 0o700)
+                self._write_hint(uid + 1 if uid < self.last else self.first)
+            except OSError as exc:
+                shutil.rmtree(lease, ignore_errors=True)
+                raise PlatformError(f"cannot lease task uid {uid} in {self.root}: {exc}") from exc
+            return ident
+        return None
 
     def write_script(self, ident: TaskIdentity, text: str) -> None:
         """Write the task's commands where only its uid can read them (mode 0400). Raises OSError."""
@@ -441,36 +469,52 @@ class UidPool:
         except OSError:
             return None
 
-    def _reclaim_stale(self, uid: int) -> bool:
-        """Delete the lease of ``uid`` if its run is gone or has recorded its exit (its agent
-        never came back to release it); True if the uid is free now."""
+    def _stale(self, uid: int, grace_s: float) -> bool:
+        """Whether the lease of ``uid`` is left behind: its run directory is gone, or its run
+        recorded its exit more than ``grace_s`` seconds ago (its agent never came back to release
+        it), or it names no owner a minute after it was made."""
         lease = self.root / str(uid)
         owner = self._owner(lease)
         if owner is None:
             try:  # a lease being written right now by another process is younger than a minute
-                if time.time() - lease.stat().st_mtime < 60:
-                    return False
+                return time.time() - lease.stat().st_mtime >= 60
             except OSError:
                 return not lease.exists()
-        else:
-            run_dir = Path(owner)
-            if run_dir.is_dir() and read_slot(run_dir / "exit_code") is None:
-                return False
+        run_dir = Path(owner)
+        if not run_dir.is_dir():
+            return True
+        try:
+            exited = (run_dir / "exit_code").stat().st_mtime
+        except OSError:
+            return False  # still running
+        return read_slot(run_dir / "exit_code") is not None and time.time() - exited >= grace_s
+
+    def _reclaim_stale(self, uid: int, grace_s: float = _EXITED_GRACE_S) -> bool:
+        """Delete the lease of ``uid`` if it is stale (:meth:`_stale`), killing what still runs
+        as ``uid``; True if the uid is free now."""
+        if not self._stale(uid, grace_s):
+            return False
+        lease = self.root / str(uid)
         kill_uid(uid)
         shutil.rmtree(lease, ignore_errors=True)
         return not lease.exists()
 
-    def _sweep(self, most: int = _SWEEP) -> None:
-        """Reclaim up to ``most`` stale leases (:meth:`_reclaim_stale`): runs whose agent ended
-        before it read their exit, or whose records were deleted, would otherwise keep theirs."""
+    def _sweep(self, most: int = _SWEEP, grace_s: float = _EXITED_GRACE_S) -> None:
+        """Reclaim the stale ones (:meth:`_stale`) of up to ``most`` leases, with one
+        :func:`kill_uids` for all of them: runs whose agent ended before it read their exit, or
+        whose records were deleted, would otherwise keep theirs."""
         try:
             leases = [int(p.name) for p in self.root.iterdir() if p.name.isdigit()]
         except OSError:
             return
         random.shuffle(leases)  # live leases first in the listing must not hide stale ones forever
-        for uid in leases[:most]:
-            if self.first <= uid <= self.last and not _DRAINER.waiting(self.root / str(uid)):
-                self._reclaim_stale(uid)
+        stale = {uid for uid in leases[:most]
+                 if self.first <= uid <= self.last and not _DRAINER.waiting(self.root / str(uid))
+                 and self._stale(uid, grace_s)}
+        if stale:
+            kill_uids(stale)
+            for uid in stale:
+                shutil.rmtree(self.root / str(uid), ignore_errors=True)
 
     def _next_hint(self) -> int:
         try:
