@@ -555,3 +555,25 @@ def test_an_acquire_sweeps_at_most_once_a_second_unless_no_uid_is_free(tmp_path:
     assert fourth.uid == idents[1].uid and (fourth.lease / "owner").read_text().strip() == str(runs[3])
     with pytest.raises(PlatformError, match="no free task uid"):
         pool.acquire(tmp_path / "run-more")
+
+
+def test_the_next_uid_hint_is_rewritten_in_place_not_replaced(tmp_path: Path) -> None:
+    """The walk's hint is one file overwritten in place: a new file and a rename per lease left a
+    deleted inode per task behind, which ext4 without a journal makes every later creation step
+    over. An older hint file (a shorter line) still reads."""
+    from apiary.runtime import isolation
+
+    pool = isolation.UidPool(tmp_path / "scratch", 1999999950, 1999999954)
+    runs = [tmp_path / f"run-{i}" for i in range(3)]
+    for run in runs:
+        run.mkdir()
+    first = pool.acquire(runs[0])
+    hint = tmp_path / "scratch" / ".next"
+    inode = hint.stat().st_ino
+    second = pool.acquire(runs[1])
+    assert second.uid == first.uid + 1
+    assert hint.stat().st_ino == inode and int(hint.read_text()) == second.uid + 1
+    assert stat.S_IMODE(hint.stat().st_mode) == 0o600
+    hint.write_text(f"{1999999954}\n")  # as write_atomic left it
+    assert pool.acquire(runs[2]).uid == 1999999954
+    assert int(hint.read_text()) == 1999999950  # wrapped around to the range's first
