@@ -83,7 +83,8 @@ class Postgres:
     def __init__(self) -> None:
         self._pg = _pg_module()
         t0 = time.monotonic()
-        self.url, self._stop = self._pg.start_postgres()
+        # Its directory is removed when the bench exits (lifecycle.defer_removal says why).
+        self.url, self._stop = self._pg.start_postgres(remove_dir=lifecycle.defer_removal)
         self.startup_s = time.monotonic() - t0
         from sqlalchemy.engine import make_url
 

@@ -69,7 +69,8 @@ def _tail(path: Path, n: int = 4000) -> str:
         return "(no log)"
 
 
-def start_postgres(tmpdir: str | os.PathLike | None = None, durable: bool = False) -> tuple[str, Callable[[], None]]:
+def start_postgres(tmpdir: str | os.PathLike | None = None, durable: bool = False,
+                   remove_dir: Callable[[Path], None] | None = None) -> tuple[str, Callable[[], None]]:
     """Start a private server; returns ``(url, stop)``. For speed it runs with ``fsync``,
     ``synchronous_commit`` and ``full_page_writes`` off. ``durable=True`` keeps
     ``synchronous_commit`` on: a test that kills the server with SIGKILL must not lose commits the
@@ -78,9 +79,10 @@ def start_postgres(tmpdir: str | os.PathLike | None = None, durable: bool = Fals
     survives the kill, so its page cache keeps what was written.
 
     ``url`` is ``postgresql+psycopg://apiary:<password>@127.0.0.1:<port>/apiary`` (database ``apiary``
-    exists, empty). ``stop()`` shuts the server down (fast mode) and removes its directory; it is
-    idempotent. As root the directory goes under the system temp dir when ``postgres`` cannot
-    reach ``tmpdir`` (pytest's tmp dirs are mode 0700).
+    exists, empty). ``stop()`` shuts the server down (fast mode) and removes its directory (with
+    ``remove_dir``, when given: the benchmarks defer it); it is idempotent. As root the directory
+    goes under the system temp dir when ``postgres`` cannot reach ``tmpdir`` (pytest's tmp dirs
+    are mode 0700).
     """
     bindir = find_bindir()
     as_root = os.geteuid() == 0
@@ -135,7 +137,10 @@ def start_postgres(tmpdir: str | os.PathLike | None = None, durable: bool = Fals
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
-        shutil.rmtree(base, ignore_errors=True)
+        if remove_dir is not None:
+            remove_dir(base)
+        else:
+            shutil.rmtree(base, ignore_errors=True)
 
     try:
         r = subprocess.run(
