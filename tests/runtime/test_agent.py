@@ -243,3 +243,33 @@ def test_a_mount_the_job_marked_failurepolicy_ignore_is_left_out_and_the_task_ru
     runs = agent.backend.list()
     assert [r.run_id for r in runs] == ["alice~j.a0.train.0.t7"] and runs[0].state == "running"
     agent.backend.stop("alice~j.a0.train.0.t7", grace_s=1)
+
+
+def test_a_running_task_that_holds_its_named_ports_is_not_failed_by_a_later_poll(tmp_path):
+    """Every answer of the long poll reconciles the node's whole list, running runs included. A run
+    whose task already listens on its named ports must not read as a port conflict (OpenPAI's 253,
+    which fails and retries it): it was a JupyterLab job retried mid-test when its node's list
+    changed 10 s after the launch."""
+    import socket
+
+    from apiary.spec.ports import task_ports
+
+    agent = make_agent(tmp_path)
+    run = "alice~j.a0.train.0.t2"
+    port = task_ports(run, ["http"])["http"]
+    a = assignment(run, "RUN")
+    a["launch"]["env"] = {"PAI_CONTAINER_HOST_PORT_LIST": f"http:{port}"}
+    agent._reconcile([a])
+    assert agent.backend.status(run).state == "running"
+    with socket.socket() as held:  # the task now listens on its port
+        held.bind(("0.0.0.0", port))  # noqa: S104 - as a task binding every address would
+        held.listen()
+        agent._reconcile([a])
+        assert run not in agent._failed and agent.backend.status(run).state == "running"
+        # A run not launched yet whose port another process holds is still refused with 253.
+        other = "alice~j.a0.train.0.t3"
+        b = assignment(other, "RUN")
+        b["launch"]["env"] = {"PAI_CONTAINER_HOST_PORT_LIST": f"http:{port}"}
+        agent._reconcile([a, b])
+        assert agent._failed[other].exit_code == 253 and agent.backend.status(other) is None
+    agent.backend.stop(run, grace_s=1)

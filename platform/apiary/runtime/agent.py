@@ -78,7 +78,7 @@ from apiary.runtime.link import (
     Replicas,
     all_loopback,
 )
-from apiary.runtime.prelaunch import exit_code_of, settle
+from apiary.runtime.prelaunch import PortConflict, exit_code_of, settle
 from apiary.runtime.probes import ExecAction, Prober, monotonic_from_wall, probes_from_wire
 from apiary.runtime.storage import TaskMounts
 
@@ -448,7 +448,16 @@ class NodeAgent:
             if self.fenced:
                 logger.warning("node=%s run=%s launch deferred: the node is self-fenced", self.node, run_id)
                 return
-            spec = settle(run_id, dict(a["launch"]), env, backend=self.backend, mounts=self.mounts, node=self.node)
+            try:
+                spec = settle(run_id, dict(a["launch"]), env, backend=self.backend, mounts=self.mounts, node=self.node)
+            except PortConflict:
+                if self.backend.status(run_id) is None:
+                    raise
+                # The run was launched already (by an earlier answer of the long poll, or an earlier
+                # agent process) and holds its own ports: launch() below answers its status and
+                # starts nothing, so the checks before a launch do not apply to it.
+                spec = {k: v for k, v in a["launch"].items() if k not in ("mounts", "mountError")}
+                spec["mounts"] = []
             launch = TaskLaunch(**{**spec, "workdir": self.workdir, "env": env})
             st = self.backend.launch(launch)
             if self.fenced:  # the node fenced itself while this launch ran: its run must not outlive the fence
