@@ -489,7 +489,7 @@ class UidPool:
             return False  # still running
         return read_slot(run_dir / "exit_code") is not None and time.time() - exited >= grace_s
 
-    def _reclaim_stale(self, uid: int, grace_s: float = _EXITED_GRACE_S) -> bool:
+    def _reclaim_stale(self, uid: int, grace_s: float) -> bool:
         """Delete the lease of ``uid`` if it is stale (:meth:`_stale`), killing what still runs
         as ``uid``; True if the uid is free now."""
         if not self._stale(uid, grace_s):
