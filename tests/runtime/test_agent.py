@@ -273,3 +273,46 @@ def test_a_running_task_that_holds_its_named_ports_is_not_failed_by_a_later_poll
         agent._reconcile([a, b])
         assert agent._failed[other].exit_code == 253 and agent.backend.status(other) is None
     agent.backend.stop(run, grace_s=1)
+
+
+def test_a_later_poll_neither_settles_nor_fails_a_run_the_backend_already_has(tmp_path):
+    """Each answer of the long poll lists the node's running runs again. Their storage is prepared
+    once, at the launch: a storage server that fails later must not fail (nor unmount) a task that
+    runs. A new agent process adopts what the last one launched the same way."""
+    calls: list[str] = []
+
+    class Mounts:
+        """TaskMounts' interface: the first prepare binds, every later one fails."""
+
+        def prepare(self, run_id: str, planned: list[dict]) -> list[dict]:
+            calls.append(run_id)
+            if len(calls) > 1:
+                from apiary.runtime.storage import MountFailed
+                raise MountFailed("server nfs1 does not answer")
+            return []
+
+        def release(self, run_id: str) -> None:
+            calls.append(f"release {run_id}")
+
+        def reconcile(self, live: set[str]) -> None:
+            pass
+
+    agent = make_agent(tmp_path)
+    agent.mounts = Mounts()
+    run = "alice~j.a0.train.0.t8"
+    a = assignment(run, "RUN")
+    a["launch"]["mounts"] = [{"config": "share", "server": {"name": "nfs1", "type": "nfs", "data": {
+        "address": "198.18.255.254", "rootPath": "/export"}}, "path": "", "mountPoint": "/mnt/s", "readOnly": False}]
+    agent._reconcile([a])
+    agent._reconcile([a])
+    assert calls == [run]
+    assert run not in agent._failed and agent.backend.status(run).state == "running"
+    # A new agent process on the same node (the backend's records survive it) adopts the run: no
+    # storage prepared again, and its probes watched from the first assignment that names them.
+    again = make_agent(tmp_path)
+    again.mounts = Mounts()
+    a["probes"] = {"readinessProbe": {"tcpSocket": {"port": "http"}}}
+    again._reconcile([a])
+    assert calls == [run] and run not in again._failed and again.backend.status(run).state == "running"
+    assert again.prober.state(run) is not None and agent.prober.state(run) is None
+    agent.backend.stop(run, grace_s=1)

@@ -191,6 +191,11 @@ class NodeAgent:
         self.workdir = workdir or os.getcwd()
         self.agent_id = uuid.uuid4().hex[:12]
         self._tombstones: set[str] = set()
+        # Runs the backend already has: those launched by this process, and (after the first
+        # reconcile's listing) those an earlier agent process launched. A RUN assignment for one of
+        # them is not settled (ports, storage) nor launched again. None until that first listing.
+        self._launched: set[str] | None = None
+        self._adopted: set[str] = set()  # of those, the earlier process's not yet seen in an assignment
         # Statuses the backend cannot give: launch failures and runs stopped before launch.
         self._failed: dict[str, TaskStatus] = {}
         self._stopping: set[str] = set()
@@ -400,6 +405,12 @@ class NodeAgent:
             labels, launch = a.get("labels"), a.get("launch")
             if isinstance(labels, dict) and isinstance(launch, dict):
                 self._labels[run_id] = {**labels, "gpus": list(launch.get("gpus") or [])}
+        if self._launched is None:
+            try:
+                self._launched = {st.run_id for st in self.backend.list()}
+                self._adopted = set(self._launched)
+            except Exception as exc:  # the next reconcile lists again; launch() stays idempotent
+                logger.error("node=%s cannot list its runs: %s", self.node, describe_error(exc))
         # No write probe before launching: a backend writes its run record before it starts
         # anything and refuses the launch when it cannot, and _launch then defers the run.
         for run_id, a in wanted.items():
@@ -443,6 +454,23 @@ class NodeAgent:
         run with EXIT_LAUNCH_FAILED (reported exited, never launched again); the log names the
         error's type and message with the assignment's commands, environment values and registry
         credentials blanked out."""
+        launched = self._launched
+        if launched is not None and run_id in launched:
+            # Every answer of the long poll lists the node's runs, running ones included. A run the
+            # backend has needs nothing more; settling it again would check ports its own task
+            # holds and prepare storage it has mounted (a failure there would fail a running task).
+            try:
+                st = self.backend.status(run_id)
+            except Exception as exc:  # a running task is never failed for a status read: next poll
+                logger.warning("node=%s run=%s status unknown: %s", self.node, run_id, describe_error(exc))
+                return
+            if st is None:
+                launched.discard(run_id)  # its record is gone: launched afresh below, as before
+            else:
+                if run_id in self._adopted:
+                    self._adopted.discard(run_id)
+                    self._watch_adopted(run_id, a, st)
+                return
         try:
             env = self._env(a["launch"]["env"], a["launch"].get("gpus"))
             if self.fenced:
@@ -460,6 +488,8 @@ class NodeAgent:
                 spec["mounts"] = []
             launch = TaskLaunch(**{**spec, "workdir": self.workdir, "env": env})
             st = self.backend.launch(launch)
+            if launched is not None:
+                launched.add(run_id)
             if self.fenced:  # the node fenced itself while this launch ran: its run must not outlive the fence
                 self._fenced.add(run_id)
                 self.backend.stop(run_id, FENCE_STOP_GRACE_S)
@@ -490,6 +520,18 @@ class NodeAgent:
                     self._watch_probes(run_id, a["probes"], st, launch)
                 except Exception as exc:  # a malformed probe never fails the task itself
                     logger.error("node=%s run=%s probes not watched: %s", self.node, run_id, describe_error(exc))
+
+    def _watch_adopted(self, run_id: str, a: dict, st: TaskStatus) -> None:
+        """Watch the probes of a run an earlier agent process launched (its first assignment here)."""
+        if st.state != "running" or not a.get("probes") or self.backend.runs_probes:
+            return
+        try:
+            spec = {k: v for k, v in a["launch"].items() if k not in ("mounts", "mountError")}
+            env = self._env(a["launch"]["env"], a["launch"].get("gpus"))
+            launch = TaskLaunch(**{**spec, "mounts": [], "workdir": self.workdir, "env": env})
+            self._watch_probes(run_id, a["probes"], st, launch)
+        except Exception as exc:  # a malformed probe never fails the task itself
+            logger.error("node=%s run=%s probes not watched: %s", self.node, run_id, describe_error(exc))
 
     def check_recording(self, max_age_s: float = RECORD_PROBE_S) -> str | None:
         """Why the backend cannot record runs now (:func:`recording_problem`), or None when it can.
@@ -671,6 +713,9 @@ class NodeAgent:
             if s.run_id in acked and s.state == "exited":
                 # The control plane has the exit: never launch this run again, drop local state.
                 self._tombstones.add(s.run_id)
+                if self._launched is not None:
+                    self._launched.discard(s.run_id)
+                self._adopted.discard(s.run_id)
                 self._failed.pop(s.run_id, None)
                 self._notes.pop(s.run_id, None)
                 if self.mounts is not None:
