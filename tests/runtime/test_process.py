@@ -335,3 +335,27 @@ def test_forget_keeps_logs_and_idempotency(backend: ProcessBackend) -> None:
     assert backend.status("fin").exit_code == 2
     assert backend.launch(task("fin", "echo again")).exit_code == 2
     assert backend.log_path("fin", "stdout").read_text() == "out\n"
+
+
+def test_a_wrapper_is_alive_only_as_the_process_psutil_timed(tmp_path: Path) -> None:
+    """The liveness check reads /proc/<pid>/stat itself: the process exists, is no zombie, and
+    started when psutil said at spawn (a pid reused since is another process), also when its
+    command name holds spaces and parentheses, which end the name field only at the last ')'."""
+    from apiary.runtime.process import _alive_since
+
+    odd = tmp_path / "a) b ("
+    shutil.copy("/bin/sleep", odd)
+    proc = subprocess.Popen([str(odd), "30"])
+    try:
+        created = psutil.Process(proc.pid).create_time()
+        assert _alive_since(proc.pid, created)
+        assert not _alive_since(proc.pid, created - 5)  # the pid names another process now
+        proc.kill()
+        deadline = time.monotonic() + 10
+        while psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not _alive_since(proc.pid, created)  # exited, not yet reaped
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not _alive_since(proc.pid, created)  # reaped: no such process

@@ -187,6 +187,34 @@ def _read_exit_code(path: Path) -> tuple[int, float] | None:
         return None
 
 
+#: /proc/stat's ``btime`` (the boot time, seconds since the epoch) as last read: psutil's
+#: ``create_time()`` adds it to a process's start in clock ticks, re-reading /proc/stat each call.
+_boot_time: float | None = None
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _alive_since(pid: int, create_time: float) -> bool:
+    """Whether process ``pid`` exists, is not a zombie, and is the one psutil gave ``create_time``
+    (seconds since the epoch) within ``_CREATE_TIME_TOLERANCE_S``; one read of ``/proc/<pid>/stat``
+    where psutil takes three and a read of /proc/stat. Linux only, as this runtime is."""
+    global _boot_time
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:  # no such process (or /proc unreadable: nothing is known to run)
+        return False
+    fields = data[data.rindex(b")") + 2:].split()  # after "pid (comm) ": comm may hold spaces and ")"
+    if fields[0] in (b"Z", b"X"):
+        return False
+    since_boot = int(fields[19]) / _CLOCK_TICKS  # field 22, starttime
+    if _boot_time is not None and abs(_boot_time + since_boot - create_time) <= _CREATE_TIME_TOLERANCE_S:
+        return True
+    # First call, or a pid reused, or the wall clock was set since btime was read (btime moves
+    # with it, as psutil's create_time does): decide on btime as it reads now.
+    _boot_time = psutil.boot_time()
+    return abs(_boot_time + since_boot - create_time) <= _CREATE_TIME_TOLERANCE_S
+
+
 def _read_started(path: Path) -> tuple[int, float] | None:
     """``(wrapper pid, unix time)`` from a ``started`` slot, or ``None`` while it is blank."""
     text = _read_slot(path)
@@ -505,18 +533,15 @@ class ProcessBackend(RuntimeBackend):
 
     # -- status ------------------------------------------------------------------------------
 
-    def _live_wrapper(self, run_dir: Path, meta: dict[str, Any] | None) -> psutil.Process | None:
-        """The run's wrapper process if it is alive (not a zombie, same create_time), else None."""
+    def _live_wrapper(self, run_dir: Path, meta: dict[str, Any] | None) -> psutil.Process | bool:
+        """Whether the run's wrapper process is alive (not a zombie, same create_time); when
+        ``meta`` names no pid, the wrapper found by its command line (recorded into meta.json), or
+        False."""
         if meta is not None and isinstance(meta.get("pid"), int):
             try:
-                proc = psutil.Process(meta["pid"])
-                if proc.status() == psutil.STATUS_ZOMBIE:
-                    return None
-                if abs(proc.create_time() - float(meta.get("create_time", 0))) > _CREATE_TIME_TOLERANCE_S:
-                    return None  # the pid was reused
-                return proc
-            except psutil.Error:
-                return None
+                return _alive_since(meta["pid"], float(meta.get("create_time", 0)))
+            except (TypeError, ValueError):
+                return False
         # No meta.json: the agent died between spawn and recording it. Find the wrapper by its
         # command line (which names the run directory) and record what we find.
         wrapper = str(run_dir / "wrapper.sh")
@@ -541,7 +566,7 @@ class ProcessBackend(RuntimeBackend):
             except OSError:
                 pass  # a full disk: found again by the next status()
             return proc
-        return None
+        return False
 
     def _status_of(self, run_dir: Path) -> TaskStatus | None:
         """The run's status; ``None`` when it never started (module doc: not launched)."""
@@ -571,8 +596,8 @@ class ProcessBackend(RuntimeBackend):
         if recorded is not None:
             return exited(*recorded)
         proc = self._live_wrapper(run_dir, meta)
-        if proc is not None:
-            if meta is None:  # recovered just now
+        if proc:
+            if meta is None and isinstance(proc, psutil.Process):  # recovered just now
                 pid = proc.pid
                 started_at = started[1] if started else proc.create_time()
             return TaskStatus(
