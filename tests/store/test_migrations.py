@@ -15,7 +15,7 @@ from apiary.store import Event, Job, make_engine, migrate, session_factory
 from apiary.store.engine import MIGRATIONS
 from apiary.store.models import Base, Node
 
-HEAD = "0015"  # the newest Alembic revision
+HEAD = "0016"  # the newest Alembic revision
 
 
 @pytest.fixture

@@ -92,7 +92,9 @@ class Task(Base):
     """One run of one task instance (OpenPAI's task attempt); ``run_id`` is the node's idempotency key."""
 
     __tablename__ = "tasks"
-    __table_args__ = (Index("ix_tasks_job_attempt", "job_id", "attempt"),)
+    # (node, state): an agent's assignment poll reads its node's live tasks (STARTING, RUNNING) after
+    # every change there; by node alone it would read every task the node ever ran.
+    __table_args__ = (Index("ix_tasks_job_attempt", "job_id", "attempt"), Index("ix_tasks_node_state", "node", "state"))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
@@ -102,7 +104,7 @@ class Task(Base):
     task_attempt: Mapped[int] = mapped_column(Integer, default=0)  # taskRetryCount retries in place
     run_id: Mapped[str | None] = mapped_column(String(400), unique=True, nullable=True)
     state: Mapped[str] = mapped_column(String(16), index=True)
-    node: Mapped[str | None] = mapped_column(String(200), nullable=True, index=True)
+    node: Mapped[str | None] = mapped_column(String(200), nullable=True)
     gpus: Mapped[list | None] = mapped_column(JSON, nullable=True)
     desired: Mapped[str] = mapped_column(String(8), default="RUN")  # RUN or STOP
     stop_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
