@@ -492,8 +492,8 @@ def test_log_query_answers_a_batch_from_two_store_queries_whatever_its_size(clie
     assert len(selects) == 2, selects  # the jobs, then their tasks: not a session per read
 
 
-def test_a_report_with_an_exit_and_its_output_reads_where_its_runs_are_placed_once(client: TestClient,
-                                                                                  plane) -> None:
+def test_a_report_with_an_exit_and_its_output_finds_its_run_without_a_lookup_by_run_id(client: TestClient,
+                                                                                      plane) -> None:
     import base64
 
     for node in NODES:
@@ -519,7 +519,27 @@ def test_a_report_with_an_exit_and_its_output_reads_where_its_runs_are_placed_on
     assert r.status_code == 200 and r.json() == {"ack": [a["runId"]], "logs": [5]}, r.text
     assert client.get(f"/api/v2/jobs/{job}").json()["state"] == "SUCCEEDED"
     assert client.get(f"/api/v2/jobs/{job}/logs").text == "done\n"
-    assert len(placement_reads) == 1, placement_reads  # the output's check rides in the report's transaction
+    # The run id names its job: the job's record, loaded for the exit, says where the run is placed,
+    # for the exit and for the output's check alike.
+    assert placement_reads == [], placement_reads
+
+
+def test_a_report_decides_nothing_for_runs_that_are_not_its_nodes_own(client: TestClient, plane) -> None:
+    """Reported runs are found through the job their run id names; what is not the reporting node's
+    current run is acknowledged (the agent forgets it) and changes nothing: a run placed on the
+    other node, a run id of the job that no run has, one not of a run id's shape, and an unknown job's."""
+    for node in NODES:
+        report(client, node)
+    job = submit(client, job_text(5)).json()["id"]
+    assert client.post("/api/v2/scheduler/cycle").json()["placed"] == [job]
+    node, a = assignment(client, job)
+    other = next(n for n in NODES if n != node)
+    strangers = [a["runId"].rsplit(".", 1)[0] + ".t9", "not-a-run-id", "nobody~nothing.a0.train.0.t0"]
+    answer = report(client, other, [run_status(r, "exited", 1) for r in (a["runId"], *strangers)])
+    assert sorted(answer["ack"]) == sorted([a["runId"], *strangers])
+    assert client.get(f"/api/v2/jobs/{job}").json()["state"] == "WAITING"  # placed, nothing started
+    assert report(client, node, [run_status(a["runId"], "exited", 0)])["ack"] == [a["runId"]]
+    assert client.get(f"/api/v2/jobs/{job}").json()["state"] == "SUCCEEDED"
 
 
 def test_flow_run_links_of_a_batch_are_recorded_at_once_and_unknown_jobs_named(client: TestClient) -> None:

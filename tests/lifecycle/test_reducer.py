@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from tests.support.builders import job_text
 
 import apiary.lifecycle.reducer as reducer
@@ -258,3 +260,28 @@ def test_the_core_takes_every_edge_of_both_tables_and_no_other(monkeypatch) -> N
     assert {JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED, JobState.WAITING} <= set(finals)
     assert jobs == set(JOB_TRANSITIONS)
     assert tasks == set(TASK_TRANSITIONS)
+
+
+@given(
+    user=st.from_regex(r"[a-z][a-z0-9._-]{0,20}", fullmatch=True),
+    name=st.from_regex(r"[A-Za-z0-9_-]{1,30}", fullmatch=True),
+    attempt=st.integers(0, 10_000),
+    role=st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,20}", fullmatch=True),
+    index=st.integers(0, 10_000),
+    task_attempt=st.integers(0, 100),
+)
+def test_a_run_id_names_its_job(user, name, attempt, role, index, task_attempt):
+    """The control plane reads a reported run's job from its run id (dots in the job id included)."""
+    from apiary.lifecycle.reducer import job_of_run, run_id_for
+
+    job_id = f"{user}~{name}"
+    assert job_of_run(run_id_for(job_id, attempt, role, index, task_attempt)) == job_id
+
+
+@pytest.mark.parametrize("run_id", ["", "x", "alice~j.a0.train.0", "alice~j.a0.train.0.0", ".a0.train.0.t0",
+                                    "alice~j.b0.train.0.t0", "alice~j.a0.tr-ain.0.t0", "alice~j.a0.train.x.t0",
+                                    "alice~j.a0.train.0.t0\n"])
+def test_a_run_id_not_of_that_shape_names_no_job(run_id):
+    from apiary.lifecycle.reducer import job_of_run
+
+    assert job_of_run(run_id) is None

@@ -37,7 +37,7 @@ class JobService:
     """Jobs over the plane's ``cache``; ``max_instances`` caps the task instances of one job, all
     roles together (``APIARY_MAX_INSTANCES``)."""
 
-    #: Most submissions committed in one transaction (one multi-row INSERT per table).
+    #: Most submissions committed in one transaction (one executemany per table).
     INTAKE_BATCH = 64
 
     def __init__(self, cache: PlaneCache, *, max_instances: int = 1000) -> None:
@@ -115,7 +115,7 @@ class JobService:
         (for a batch of one, that submission is settled with OpenPAI's message first).
 
         New jobs are rows only, with no scheduler operation, so the batch is a plain
-        :class:`~apiary.store.unit.UnitOfWork`: multi-row inserts (:func:`insert_new_jobs`), the
+        :class:`~apiary.store.unit.UnitOfWork`: batched inserts (:func:`insert_new_jobs`), the
         commit, then memory (the arrival numbers, the specs, the queue's dirty set, a wake for the
         scheduling loop). When the commit fails nothing of that is applied and the arrival numbers
         are read from the store again."""

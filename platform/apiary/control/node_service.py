@@ -32,7 +32,7 @@ from apiary.control.nodes import (
 )
 from apiary.errors import TooManyRequestsError, UnavailableError, ValidationError
 from apiary.lifecycle import TaskState
-from apiary.lifecycle.reducer import NodeLost, RunReported
+from apiary.lifecycle.reducer import NodeLost, RunReported, job_of_run
 from apiary.store.models import Event, Job, Node, NodeCordon, NodeFault, Placement, Task
 from apiary.store.unit import UnitOfWork, reading
 
@@ -341,14 +341,32 @@ class NodeService:
                     more: Iterable[str] = ()) -> dict[str, tuple[str, str | None]]:
         """Run id -> ``(job id, node)`` of the tasks that ``runs`` (``(run id, reporting node)``)
         and ``more`` (run ids whose output a report carries) belong to, and the jobs of ``runs``
-        placed on the node reporting them loaded into ``w``:
-        a query per :data:`OWNER_CHUNK` runs and per as many jobs, not a query and a load per run
-        (at 5,000 nodes under a job stream, loading jobs one by one was half of the reports' time)."""
-        owners = NodeService._owners(w.s, {run_id for run_id, _ in runs} | set(more))
-        jobs = sorted({owners[run_id][0] for run_id, node in runs
-                       if run_id in owners and owners[run_id][1] == node})
+        loaded into ``w``: a load per :data:`OWNER_CHUNK` jobs, not a load per run (at 5,000 nodes
+        under a job stream, loading jobs one by one was half of the reports' time).
+
+        A run id names its job (:func:`~apiary.lifecycle.reducer.job_of_run`), so the jobs are
+        loaded first and the runs found among their tasks; only a run found there by none (an
+        unknown one, one of an earlier try of its instance, output of a run not reported) is
+        looked up by its run id, a query per :data:`OWNER_CHUNK`."""
+        reported = {run_id for run_id, _ in runs}
+        jobs = sorted({job for job in map(job_of_run, reported) if job is not None})
         for i in range(0, len(jobs), OWNER_CHUNK):
             w.load_many(jobs[i:i + OWNER_CHUNK])
+        wanted = reported | set(more)
+        owners: dict[str, tuple[str, str | None]] = {}
+        for job_id in jobs:
+            loaded = w.jobs.get(job_id)
+            for t in loaded.record.tasks.values() if loaded is not None else ():
+                if t.run_id in wanted:
+                    owners[t.run_id] = (job_id, t.node)
+        rest = wanted - owners.keys()
+        if rest:
+            found = NodeService._owners(w.s, rest)
+            owners.update(found)
+            extra = sorted({found[run_id][0] for run_id, node in runs
+                            if run_id in found and found[run_id][1] == node} - w.jobs.keys())
+            for i in range(0, len(extra), OWNER_CHUNK):
+                w.load_many(extra[i:i + OWNER_CHUNK])
         return owners
 
     @staticmethod

@@ -32,6 +32,7 @@ goes through the transition tables of :mod:`apiary.lifecycle.states` (``STATES.m
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
@@ -103,6 +104,20 @@ def _outcome(succeeded: int, failed: int, finished: int) -> RoleOutcome:
 def run_id_for(job_id: str, attempt: int, task_role: str, index: int, task_attempt: int) -> str:
     """The node-side idempotency key of one task run: ``alice~mnist.a0.train.0.t0``."""
     return f"{job_id}.a{attempt}.{task_role}.{index}.t{task_attempt}"
+
+
+_RUN_TAIL = re.compile(r"a[0-9]+\.[A-Za-z_][A-Za-z0-9_]*\.[0-9]+\.t[0-9]+")
+
+
+def job_of_run(run_id: str) -> str | None:
+    """The job id :func:`run_id_for` built ``run_id`` from, or None when ``run_id`` does not have
+    its shape. Read from the right: a task role is an identifier (``IDENTIFIER_PATTERN`` of
+    apiary.spec.job) and the rest are numbers, so the last four dot-separated parts are never part
+    of the job id, whatever it holds."""
+    parts = run_id.rsplit(".", 4)
+    if len(parts) != 5 or not parts[0] or not _RUN_TAIL.fullmatch(".".join(parts[1:])):
+        return None
+    return parts[0]
 
 
 # ----------------------------------------------------------------------------------------- records

@@ -164,9 +164,11 @@ def write_jobs(s: Session, jobs: Iterable[LoadedJob], now: float) -> None:
     are read as values (:func:`load_jobs`), so there is no identity map to keep, and the unit of
     work's flush of a report's few changed columns cost more than the statements (py-spy on the
     control plane under a job stream at 5,000 nodes: the ORM loads and flushes were 85 % of node
-    reports' time). One executemany per table and set of changed columns (psycopg pipelines them),
-    one multi-row INSERT per table; updates go first, then inserts in the order the steps made
-    them (task and event ids keep that order), as the ORM's flush did. Raises RuntimeError for a
+    reports' time). One executemany per table and set of changed columns, and one per table of
+    new rows (psycopg pipelines an executemany's statements in one round trip; a multi-row
+    ``VALUES`` statement built per call cost the client more: bench/README.md); updates go first,
+    then inserts in the order the steps made them (task and event ids keep that order), as the
+    ORM's flush did. Raises RuntimeError for a
     job written before (its stored values are no longer the row's)."""
     updates: dict[tuple[Table, tuple[str, ...]], list[dict[str, object]]] = {}
     inserts: dict[Table, list[dict[str, object]]] = {t: [] for t in (_ATTEMPTS, _TASKS, _PLACEMENTS, _EVENTS)}
@@ -307,7 +309,7 @@ def _task_values(job_id: str, t: TaskRecord) -> dict[str, object]:
 def insert_new_jobs(s: Session, jobs: list[tuple[JobRecord, Effects, dict[str, object]]],
                     now: float) -> list[tuple[Job, list[Task]]]:
     """The rows of jobs :func:`apiary.lifecycle.reducer.submit` just made (job, attempt, tasks,
-    events), as one multi-row INSERT per table instead of the ORM's unit of work: a submission
+    events), as one executemany per table instead of the ORM's unit of work: a submission
     creates rows only, and the unit of work's bookkeeping on them cost more than the inserts (bench/thresholds.yaml asks
     200 submissions/s of one process). ``jobs``: each job's
     record, its submit effects and the job row's fields the record does not carry (name,
@@ -360,7 +362,7 @@ def write_waits(s: Session, waits: Iterable[tuple[str, int, str | None, str]], n
     as its reason), and then gets the ``job.waiting`` event a :class:`~apiary.lifecycle.reducer.Waiting`
     step writes (:func:`~apiary.lifecycle.reducer.waiting_event`). Returns the ids written, in
     order; a job that changed meanwhile is left out. One UPDATE per job (its row count says whether
-    it held) and one multi-row INSERT of the events; nothing is committed here.
+    it held) and one executemany of the events; nothing is committed here.
 
     The scheduling cycle records a new job's first wait reason this way: loading each job's record,
     attempt and tasks to apply a step that changes one column cost more than the write
