@@ -176,3 +176,18 @@ def test_a_wall_clock_step_does_not_declare_a_silent_node_lost(tmp_path: Path) -
     plane.nodes.check_lost_nodes()
     assert {n["name"]: n["healthy"] for n in plane.list_nodes()} == {CAROL: True, DAN: False}
     engine.dispose()
+
+
+def test_the_long_poll_carries_the_faults_queued_before_a_restart_and_after(h1: Harness) -> None:
+    """The poll reads a node's faults only for nodes that may have some (the plane's ``faulted``,
+    read from the store at recovery): a fault queued before a restart still reaches its agent, one
+    queued after reaches it at once, and a node without any gets none."""
+    h = h1
+    first = h.plane.inject_fault(DAN, 0, ecc_dbe=1)
+    assert h.plane.assignments_answer(DAN)["faults"] == [first]
+    h = h.restart()
+    assert h.plane.cache.faulted == {DAN}
+    assert h.plane.assignments_answer(DAN)["faults"] == [first]
+    assert h.plane.assignments_answer(CAROL)["faults"] == []
+    second = h.plane.inject_fault(CAROL, 0, xid=79)
+    assert h.plane.assignments_answer(CAROL)["faults"] == [second]

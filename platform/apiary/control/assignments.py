@@ -62,8 +62,10 @@ class Assignments:
         if kept is not None:
             return kept
         gen = self.cache.generation.get(node, 0)
+        faulted = self.cache.faulted
         with reading(self.cache.sessions, "assignments") as s:  # runs and faults in one transaction
-            answer = {"generation": gen, "assignments": self.assignments(node, s), "faults": read_node_faults(s, node)}
+            faults = read_node_faults(s, node) if faulted is None or node in faulted else []
+            answer = {"generation": gen, "assignments": self.assignments(node, s), "faults": faults}
         if answer["assignments"]:
             self.cache.answers.pop(node, None)
         else:
@@ -103,9 +105,19 @@ class Assignments:
             if (job.id, t.attempt) not in peers:
                 single = sum(r.instances for r in self.cache.spec_of(job).task_roles.values()) == 1
                 peers[(job.id, t.attempt)] = [t] if single else latest_tasks(s, job, t.attempt)
+        # Addresses as the nodes' rows hold them: from the plane's cache of those rows
+        # (PlaneCache.reported, filled from the store at recovery and after each report's commit),
+        # the store read only for a node the cache does not hold.
         names = {p.node for ps in peers.values() for p in ps if p.node} | {node}
-        nodes = {name: (address, simulated) for name, address, simulated in s.execute(
-            select(Node.name, Node.address, Node.simulated_gpus).where(Node.name.in_(names)))}
+        nodes: dict[str, tuple[str | None, bool | None]] = {}
+        for name in names:
+            seen = self.cache.reported.get(name)
+            if seen is not None:
+                nodes[name] = (seen.info[2], seen.info[1])
+        unread = names - nodes.keys()
+        if unread:
+            nodes.update((name, (address, simulated)) for name, address, simulated in s.execute(
+                select(Node.name, Node.address, Node.simulated_gpus).where(Node.name.in_(unread))))
         out = []
         for t, job, leaf_cells in rows:
             spec = self.cache.spec_of(job)

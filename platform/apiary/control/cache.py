@@ -108,6 +108,10 @@ class PlaneCache:
         self.heartbeats: dict[str, float] = {}  # node -> exact time of its last report (memory only)
         self.heard: dict[str, float] = {}  # node -> its last report on the elapsed clock (memory only)
         self.reported: dict[str, Seen] = {}  # node -> what its row says (a cache of committed facts)
+        #: Nodes that may have simulated-GPU faults queued: every node with a ``node_faults`` row
+        #: when the store was last read (:meth:`ClusterService.recover`), and each one a fault was
+        #: queued for since (added before that commit). None: not read yet, any node may.
+        self.faulted: set[str] | None = None
         #: node -> its ``heard`` value when it was found lost (unhealthy since; a report moves ``heard`` on).
         self.settled_lost: dict[str, float] = {}
         #: node -> (generation, its assignments answer): what the node's long poll read at that generation.

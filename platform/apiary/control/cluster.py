@@ -21,7 +21,7 @@ from apiary.control.nodes import schedulable
 from apiary.errors import NotFoundError
 from apiary.lifecycle import JobState
 from apiary.lifecycle.reducer import Downgraded, Reconfigured
-from apiary.store.models import Event, Job, Node, Placement
+from apiary.store.models import Event, Job, Node, NodeFault, Placement
 from apiary.store.unit import reading
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ class ClusterService:
             self.cache.reported.clear()
             self.cache.settled_lost.clear()
             self.cache.answers.clear()
+            self.cache.faulted = set(s.scalars(select(NodeFault.node).distinct()))
             heard = self.cache.elapsed()
             for row in s.scalars(select(Node)):
                 self.cache.heartbeats[row.name] = now

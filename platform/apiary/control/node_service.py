@@ -571,6 +571,8 @@ class NodeService:
             queued = s.scalar(select(func.count()).select_from(NodeFault).where(NodeFault.node == node)) or 0
             if queued >= MAX_QUEUED_FAULTS:
                 raise TooManyRequestsError(f"{queued} faults already wait for node {node}'s agent; retry later.")
+            if self.cache.faulted is not None:
+                self.cache.faulted.add(node)  # before the commit: the long poll reads it from then on
             row = NodeFault(node=node, gpu=gpu, fault=data, created=self.cache.clock())
             s.add(row)
             w.touched.add(node)
