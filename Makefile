@@ -41,7 +41,8 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
-# The unit suite: no embedded platform, PostgreSQL, Prometheus or Prefect server (< 1 min).
+# The unit suite: no embedded platform, PostgreSQL, Prometheus or Prefect server (about 10 min on
+# 2 cores: 3,367 tests on 2026-11-30).
 test-fast: $(SETUP)
 	$(BIN)/python -m pytest -q -m "not ($(SLOW_MARKERS))" $(PYTEST_ARGS)
 
