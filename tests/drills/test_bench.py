@@ -134,7 +134,7 @@ class _NoNvml:
 # ----------------------------------------------------------------------------- simulated GPUs
 
 #: A task on simulated GPUs 0, 1 and 2 of a node whose GPU 1 has a ``degraded`` fault of 4, as the
-#: node agent launches it (apiary.runtime.agent NodeAgent._env).
+#: node agent launches it (apiary.runtime.agent.node_task_env).
 SIM_ENV = {"APIARY_SIMULATED_GPUS": "1", "CUDA_VISIBLE_DEVICES": "0,1,2", "NVIDIA_VISIBLE_DEVICES": "0,1,2",
            bench.SLOWDOWN_ENV: "4", bench.SLOWDOWN_GPUS_ENV: "1:4"}
 FIGURES = bench.SIMULATED_SKUS[bench.SIMULATED_SKU]

@@ -1,7 +1,7 @@
 """The stress drill over simulated GPUs, from the fault to the verdict, without a platform.
 
 A ``degraded`` fault on GPU 1 of hostname-dan reaches dan's node agent, which launches the
-benchmark with the per-GPU slowdown in its environment (NodeAgent._env, as in production); the
+benchmark with the per-GPU slowdown in its environment (apiary.runtime.agent.node_task_env, as in production); the
 benchmark's simulated path (examples/stress/bench.py) prints the figures it reports there; the
 drill (against tests/drills/fakes.py's in-memory API) reads them back from the job logs and the
 packaged rules judge them. The same on a real embedded platform: tests/drills/test_drills_e2e.py.
@@ -18,7 +18,7 @@ from tests.monitoring.fake_nvml import NVMLError_LibraryNotFound
 
 from apiary.drills.diagnosis import load_rules
 from apiary.drills.stress import run_stress
-from apiary.runtime.agent import NodeAgent
+from apiary.runtime.agent import NodeAgent, node_task_env
 from apiary.runtime.env import gpu_env
 
 CAROL, DAN = "hostname-carol", "hostname-dan"
@@ -57,7 +57,8 @@ def bench_output(name: str, faults: list[dict]) -> str:
     """What the benchmark prints on node ``name`` (2 simulated GPUs) after ``faults``."""
     agent = NodeAgent(name, "http://unused", _Backend(), client=None, gpus=len(GPUS), simulated_gpus=True)
     agent._apply_faults(faults)
-    env = {**agent._env({"APIARY_SIMULATED_GPUS": "1"}, GPUS), **gpu_env(GPUS)}  # the process backend adds gpu_env
+    env = {**node_task_env({"APIARY_SIMULATED_GPUS": "1"}, GPUS, agent.faults, agent.backend.name),
+           **gpu_env(GPUS)}  # the process backend adds gpu_env
     args = bench.parse_args(["--matmul-n", "64", "--mem-mib", "1", "--trials", "2"])
     ticks = _Ticks()
     result = bench.run(args, env, nvml=_NoNvml(), import_module=importer(), clock=ticks.clock, sleep=ticks.sleep)

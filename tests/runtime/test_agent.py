@@ -100,15 +100,13 @@ def test_a_runtime_that_is_away_defers_the_launch_instead_of_failing_the_task(tm
 
 def test_the_agent_leaves_probing_to_a_runtime_that_runs_probes(tmp_path):
     agent = make_agent(tmp_path)
-    watched = []
-    agent._watch_probes = lambda *a: watched.append(a[0])  # type: ignore[method-assign]
     probes = {"livenessProbe": {"exec": {"command": ["true"]}}}
     agent._reconcile([{**assignment("alice~j.a0.train.0.t10", "RUN"), "probes": probes}])
-    assert watched == ["alice~j.a0.train.0.t10"]
+    assert agent.prober.state("alice~j.a0.train.0.t10") is not None
     agent.backend.runs_probes = True
     agent._reconcile([{**assignment(r, "RUN"), "probes": probes}
                       for r in ("alice~j.a0.train.0.t10", "alice~j.a0.train.0.t11")])
-    assert watched == ["alice~j.a0.train.0.t10"]
+    assert agent.prober.state("alice~j.a0.train.0.t11") is None
     for run in ("alice~j.a0.train.0.t10", "alice~j.a0.train.0.t11"):
         agent.backend.stop(run, grace_s=1)
 

@@ -78,7 +78,7 @@ from apiary.runtime.link import (
     Replicas,
     all_loopback,
 )
-from apiary.runtime.prelaunch import PortConflict, exit_code_of, settle
+from apiary.runtime.prelaunch import exit_code_of, settle
 from apiary.runtime.probes import ExecAction, Prober, monotonic_from_wall, probes_from_wire
 from apiary.runtime.storage import TaskMounts
 
@@ -455,37 +455,29 @@ class NodeAgent:
         error's type and message with the assignment's commands, environment values and registry
         credentials blanked out."""
         launched = self._launched
-        if launched is not None and run_id in launched:
+        if launched is None or run_id in launched:
             # Every answer of the long poll lists the node's runs, running ones included. A run the
             # backend has needs nothing more; settling it again would check ports its own task
             # holds and prepare storage it has mounted (a failure there would fail a running task).
+            # Until the backend could list its runs (launched None), any run may be one it has.
             try:
                 st = self.backend.status(run_id)
             except Exception as exc:  # a running task is never failed for a status read: next poll
                 logger.warning("node=%s run=%s status unknown: %s", self.node, run_id, describe_error(exc))
                 return
-            if st is None:
-                launched.discard(run_id)  # its record is gone: launched afresh below, as before
-            else:
-                if run_id in self._adopted:
+            if st is not None:
+                if launched is None or run_id in self._adopted:
                     self._adopted.discard(run_id)
                     self._watch_adopted(run_id, a, st)
                 return
+            if launched is not None:
+                launched.discard(run_id)  # its record is gone: launched afresh below, as before
         try:
-            env = self._env(a["launch"]["env"], a["launch"].get("gpus"))
+            env = node_task_env(a["launch"]["env"], a["launch"].get("gpus"), self.faults, self.backend.name)
             if self.fenced:
                 logger.warning("node=%s run=%s launch deferred: the node is self-fenced", self.node, run_id)
                 return
-            try:
-                spec = settle(run_id, dict(a["launch"]), env, backend=self.backend, mounts=self.mounts, node=self.node)
-            except PortConflict:
-                if self.backend.status(run_id) is None:
-                    raise
-                # The run was launched already (by an earlier answer of the long poll, or an earlier
-                # agent process) and holds its own ports: launch() below answers its status and
-                # starts nothing, so the checks before a launch do not apply to it.
-                spec = {k: v for k, v in a["launch"].items() if k not in ("mounts", "mountError")}
-                spec["mounts"] = []
+            spec = settle(run_id, dict(a["launch"]), env, backend=self.backend, mounts=self.mounts, node=self.node)
             launch = TaskLaunch(**{**spec, "workdir": self.workdir, "env": env})
             st = self.backend.launch(launch)
             if launched is not None:
@@ -517,7 +509,7 @@ class NodeAgent:
         else:
             if st.state == "running" and a.get("probes") and not self.backend.runs_probes:
                 try:
-                    self._watch_probes(run_id, a["probes"], st, launch)
+                    watch_probes(self, run_id, a["probes"], st, launch)
                 except Exception as exc:  # a malformed probe never fails the task itself
                     logger.error("node=%s run=%s probes not watched: %s", self.node, run_id, describe_error(exc))
 
@@ -527,9 +519,9 @@ class NodeAgent:
             return
         try:
             spec = {k: v for k, v in a["launch"].items() if k not in ("mounts", "mountError")}
-            env = self._env(a["launch"]["env"], a["launch"].get("gpus"))
+            env = node_task_env(a["launch"]["env"], a["launch"].get("gpus"), self.faults, self.backend.name)
             launch = TaskLaunch(**{**spec, "mounts": [], "workdir": self.workdir, "env": env})
-            self._watch_probes(run_id, a["probes"], st, launch)
+            watch_probes(self, run_id, a["probes"], st, launch)
         except Exception as exc:  # a malformed probe never fails the task itself
             logger.error("node=%s run=%s probes not watched: %s", self.node, run_id, describe_error(exc))
 
@@ -550,24 +542,6 @@ class NodeAgent:
         self.record_problem = problem
         return problem
 
-    def _watch_probes(self, run_id: str, wire: dict, st: TaskStatus, launch: TaskLaunch) -> None:
-        try:
-            live, ready = probes_from_wire(wire)
-        except ValidationError as e:  # a malformed probe never blocks the task itself
-            logger.error("node=%s run=%s bad probes: %s", self.node, run_id, e.message)
-            return
-        # Every reconcile re-launches (idempotently) the runs it lists: a watched run is left as it is.
-        # A re-adopted run is watched here the first time; the schedule counts from its real start.
-        if self.prober.state(run_id) is not None:
-            return
-        # An exec probe is a job's command: it runs where and as the task runs (the backend's
-        # exec_prefix), never as the agent's user; a backend that cannot say raises, and the
-        # probes are then not watched rather than run as root.
-        exec_probe = any(isinstance(p.action, ExecAction) for p in (live, ready) if p is not None)
-        prefix = self.backend.exec_prefix(run_id) if exec_probe else []
-        self.prober.watch(run_id, live, ready, started_at_monotonic=monotonic_from_wall(st.started_at),
-                          env=launch.env, cwd=launch.workdir or self.workdir, exec_prefix=prefix)
-
     async def _probe(self, run_id: str) -> None:
         res = await asyncio.to_thread(self.prober.check, run_id)
         if res.live_failed and run_id not in self._liveness_failed:
@@ -575,24 +549,6 @@ class NodeAgent:
             self._liveness_failed[run_id] = res.message
             self._stop_async(run_id)
             self._report_now.set()
-
-    def _env(self, env: dict[str, str], gpus: list[int] | None = None) -> dict[str, str]:
-        # A degraded GPU (simulated fault): the task is told how much slower it should run. Only
-        # programs that read it slow down (the stress drill's benchmark does); nothing else changes.
-        factor = self.faults.slowdown(list(gpus or []))
-        if factor != 1.0:
-            env = {**env, SLOWDOWN_ENV: f"{factor:g}"}
-        per_gpu = {g: self.faults.slowdown([g]) for g in gpus or []}
-        if any(f != 1.0 for f in per_gpu.values()):
-            env = {**env, SLOWDOWN_GPUS_ENV: ",".join(f"{g}:{f:g}" for g, f in sorted(per_gpu.items()) if f != 1.0)}
-        # Process mode: the platform's own Python environment is the task's "image", so a job's
-        # `python3 ...` finds numpy and scikit-learn. Prepend it to PATH. A container's image
-        # brings its own PATH.
-        if self.backend.name != "process":
-            return env
-        bindir = str(Path(sys.executable).parent)
-        path = env.get("PATH") or os.environ.get("PATH", "/usr/bin:/bin")
-        return {**env, "PATH": f"{bindir}:{path}"}
 
     def _stop_async(self, run_id: str) -> None:
         st = self.backend.status(run_id)
@@ -773,6 +729,49 @@ class NodeAgent:
 
 #: How long a scraper has to finish the TLS handshake with a node's /metrics server, seconds.
 METRICS_HANDSHAKE_TIMEOUT_S = 10.0
+
+
+def watch_probes(agent: NodeAgent, run_id: str, wire: dict, st: TaskStatus, launch: TaskLaunch) -> None:
+    """Have ``agent``'s prober watch the liveness and readiness probes ``wire`` (an assignment's
+    ``probes``) of its running run ``run_id`` (status ``st``, launched as ``launch``). A malformed
+    probe is logged and not watched; a run already watched is left as it is."""
+    try:
+        live, ready = probes_from_wire(wire)
+    except ValidationError as e:  # a malformed probe never blocks the task itself
+        logger.error("node=%s run=%s bad probes: %s", agent.node, run_id, e.message)
+        return
+    # A re-adopted run is watched the first time; the schedule counts from its real start.
+    if agent.prober.state(run_id) is not None:
+        return
+    # An exec probe is a job's command: it runs where and as the task runs (the backend's
+    # exec_prefix), never as the agent's user; a backend that cannot say raises, and the
+    # probes are then not watched rather than run as root.
+    exec_probe = any(isinstance(p.action, ExecAction) for p in (live, ready) if p is not None)
+    prefix = agent.backend.exec_prefix(run_id) if exec_probe else []
+    agent.prober.watch(run_id, live, ready, started_at_monotonic=monotonic_from_wall(st.started_at),
+                       env=launch.env, cwd=launch.workdir or agent.workdir, exec_prefix=prefix)
+
+
+def node_task_env(env: dict[str, str], gpus: list[int] | None, faults: SimulatedFaults,
+                  runtime: str) -> dict[str, str]:
+    """A launch's ``env`` as the node gives it to the task on ``gpus``: the simulated slowdown of
+    degraded GPUs (``faults``) and, for the ``process`` runtime, the platform's Python on PATH."""
+    # A degraded GPU (simulated fault): the task is told how much slower it should run. Only
+    # programs that read it slow down (the stress drill's benchmark does); nothing else changes.
+    factor = faults.slowdown(list(gpus or []))
+    if factor != 1.0:
+        env = {**env, SLOWDOWN_ENV: f"{factor:g}"}
+    per_gpu = {g: faults.slowdown([g]) for g in gpus or []}
+    if any(f != 1.0 for f in per_gpu.values()):
+        env = {**env, SLOWDOWN_GPUS_ENV: ",".join(f"{g}:{f:g}" for g, f in sorted(per_gpu.items()) if f != 1.0)}
+    # Process mode: the platform's own Python environment is the task's "image", so a job's
+    # `python3 ...` finds numpy and scikit-learn. Prepend it to PATH. A container's image
+    # brings its own PATH.
+    if runtime != "process":
+        return env
+    bindir = str(Path(sys.executable).parent)
+    path = env.get("PATH") or os.environ.get("PATH", "/usr/bin:/bin")
+    return {**env, "PATH": f"{bindir}:{path}"}
 
 
 def metrics_ssl_context(cert: Path, key: Path) -> ssl.SSLContext:
