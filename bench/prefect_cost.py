@@ -32,6 +32,8 @@ completed``):
   its two task runs (``queue``, ``run-main``) as one event each in their last state, six log
   rows (events and output lines), all of a chunk batched as above, and the summary artifact
   (1 + 1 per job + 2 per chunk): the floor of what one mirrored job costs the server today.
+* ``bridge-final-nosummary``: ``bridge-final`` without the summary artifact (what the artifact's
+  request costs is the difference).
 
     .venv/bin/python bench/prefect_cost.py --jobs 300 --concurrency 2 --concurrency 8 \
         --strategy current --strategy states --strategy events
@@ -78,7 +80,10 @@ class _TaskShape:
     retry_jitter_factor: float | None = None
 
 
-STRATEGIES = ("current", "states", "states-running", "states-final", "events", "events-nosummary", "bridge-final")
+STRATEGIES = (
+    "current", "states", "states-running", "states-final", "events", "events-nosummary", "bridge-final",
+    "bridge-final-nosummary",
+)
 
 
 _cpu = lifecycle.cpu_seconds
@@ -214,7 +219,8 @@ async def mirror(api: str, strategy: str, jobs: int, concurrency: int, chunk: in
 
         async def job_coalesced(job: str) -> uuid.UUID:
             async with sem:
-                if strategy in ("states-final", "bridge-final"):  # already complete when first seen: one request
+                # Already complete when first seen: one request.
+                if strategy in ("states-final", "bridge-final", "bridge-final-nosummary"):
                     return await create_flow_run(job, Completed(message="job SUCCEEDED"))
                 fr = await create_flow_run(job, Running(message="main/0 started"))
                 await client.set_flow_run_state(fr, Completed(message="job SUCCEEDED"), force=True)
@@ -229,7 +235,7 @@ async def mirror(api: str, strategy: str, jobs: int, concurrency: int, chunk: in
             if strategy in ("states-running", "states-final"):
                 await asyncio.gather(*(job_coalesced(j) for j in names))
                 continue
-            if strategy == "bridge-final":
+            if strategy.startswith("bridge-final"):
                 # What the bridge sends for a job it first sees over (most of them at 50 jobs/s): the
                 # run created final, its two task runs in their last states, its log rows, a summary.
                 frs = await asyncio.gather(*(job_coalesced(j) for j in names))
@@ -241,6 +247,8 @@ async def mirror(api: str, strategy: str, jobs: int, concurrency: int, chunk: in
                     logs += [log(fr, "[main/0] hi"), *(log(fr, f"event {i}") for i in range(5))]
                 await client.request("POST", "/events", json=events)
                 await client.create_logs(logs)
+                if strategy == "bridge-final-nosummary":
+                    continue
 
                 async def final_summary(job: str, fr: uuid.UUID) -> None:
                     async with sem:
@@ -329,7 +337,8 @@ def main() -> int:
                     wall = asyncio.run(mirror(srv.api_url, strategy, args.jobs, conc, args.chunk))
                     # Wait for the task run recorder (it may lag behind the requests), then 6 s more:
                     # it and the event persister flush every 5 s. Its CPU counts for the strategy.
-                    want = 0 if strategy.startswith("states") else (2 if strategy == "bridge-final" else 5) * args.jobs
+                    per_job = 2 if strategy.startswith("bridge-final") else 5
+                    want = 0 if strategy.startswith("states") else per_job * args.jobs
                     deadline = time.monotonic() + 120
                     while asyncio.run(count_task_runs(srv.api_url)) < want and time.monotonic() < deadline:
                         time.sleep(1)
